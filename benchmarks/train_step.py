@@ -1,0 +1,104 @@
+r"""Throughput of the train step (and of its input pipeline) for any experiment config.
+
+  python benchmarks/train_step.py --config=experiments/configs/digits_mlp.py [--steps=200]
+
+Prints steps/s and examples/s of the compiled train step in the config's
+parallel mode, the step's FLOPs from XLA's cost analysis, the achieved FLOP/s
+as a fraction of this machine's float32 matmul peak (measured by this script in
+the same run), and the input pipeline's examples/s.
+"""
+
+import functools
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+
+from train import loop, step as step_lib
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
+_STEPS = flags.DEFINE_integer('steps', 200, 'Timed train steps.')
+_PIPELINE_BATCHES = flags.DEFINE_integer('pipeline_batches', 200, 'Timed input batches.')
+flags.mark_flags_as_required(['config'])
+
+
+def matmul_peak_flops(sizes=(512, 1024, 2048), repeats=5) -> tuple[float, int]:
+  """Best float32 FLOP/s of a square matmul on the default device, and its size."""
+  best = (0.0, 0)
+  for n in sizes:
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+    matmul = jax.jit(jnp.matmul)
+    matmul(a, b).block_until_ready()
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      matmul(a, b).block_until_ready()
+      times.append(time.perf_counter() - start)
+    best = max(best, (2 * n**3 / min(times), n))
+  return best
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  config = _CONFIG.value
+  peak, peak_n = matmul_peak_flops()
+  with tempfile.TemporaryDirectory() as workdir:
+    run = loop.setup(config, workdir)
+    par = run.parallel
+    abstract = par.abstract_state(run.init_fn, run.rng)
+    state = par.init_state(run.init_fn, run.rng)
+    iterator = run.train_iterator()
+    host_batch = next(iterator)
+
+    # FLOPs of one global step (the same computation in every mode).
+    global_step = jax.jit(functools.partial(
+        step_lib.train_step, model=run.model, task=run.task, tx=run.tx,
+        learning_rate_fn=run.learning_rate_fn))
+    cost = global_step.lower(state, par.global_batch(host_batch)).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = float(cost.get('flops', float('nan')))
+
+    train_step = par.compile_train_step(functools.partial(
+        step_lib.train_step, model=run.model, task=run.task, tx=run.tx,
+        learning_rate_fn=run.learning_rate_fn), abstract)
+    state = par.to_run_layout(state)
+    batch = par.shard_batch(host_batch)
+    for _ in range(3):  # compile and warm up
+      state, metrics = train_step(state, batch)
+    jax.block_until_ready((state, metrics))
+    start = time.perf_counter()
+    for _ in range(_STEPS.value):
+      state, metrics = train_step(state, batch)
+    jax.block_until_ready((state, metrics))
+    step_seconds = (time.perf_counter() - start) / _STEPS.value
+
+    start = time.perf_counter()
+    for _ in range(_PIPELINE_BATCHES.value):
+      next(iterator)
+    batch_seconds = (time.perf_counter() - start) / _PIPELINE_BATCHES.value
+
+  batch_size = config.global_batch_size
+  achieved = flops / step_seconds
+  print(f'config: {config.data.name} / {config.model.name}, mode={par.mode}, '
+        f'devices={par.num_devices}, global batch {batch_size}')
+  print(f'matmul peak (float32, {peak_n}x{peak_n}): {peak / 1e9:.2f} GFLOP/s')
+  print(f'train step: {1 / step_seconds:.1f} steps/s, {batch_size / step_seconds:.0f} examples/s')
+  print(f'step FLOPs (XLA cost analysis): {flops:.4g}')
+  print(f'achieved: {achieved / 1e9:.3f} GFLOP/s = {achieved / peak:.2%} of matmul peak')
+  print(f'input pipeline: {batch_size / batch_seconds:.0f} examples/s '
+        f'({step_seconds / batch_seconds:.1f}x the train step)')
+
+
+if __name__ == '__main__':
+  app.run(main)

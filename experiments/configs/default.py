@@ -1,0 +1,55 @@
+"""Defaults shared by every experiment config; each config overrides what it needs.
+
+Not a runnable experiment by itself (it names no data set).
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  config.model = ml_collections.ConfigDict({'name': 'mlp'})
+  config.task = ml_collections.ConfigDict({'name': 'classification', 'label_smoothing': 0.0})
+
+  config.data = ml_collections.ConfigDict()
+  config.data.name = config_dict.placeholder(str)
+  config.data.train_split = 'train'
+  config.data.eval_split = 'test'
+  config.data.input_key = 'image'
+  config.data.input_scale = 1.0
+  # Where prepared data sets are cached (default: $JAXLAB_DATA_DIR or ~/tensorflow_datasets).
+  config.data.data_dir = config_dict.placeholder(str)
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.name = 'adamw'
+  config.optimizer.learning_rate = 1e-3
+  config.optimizer.momentum = 0.9
+  config.optimizer.nesterov = False
+  config.optimizer.b1 = 0.9
+  config.optimizer.b2 = 0.999
+  config.optimizer.eps = 1e-8
+  config.optimizer.weight_decay = 1e-4
+  config.optimizer.grad_clip_norm = 0.0
+  config.optimizer.schedule = 'warmup_cosine'
+  config.optimizer.warmup_steps = 0
+  config.optimizer.final_lr_fraction = 0.0
+  config.optimizer.boundaries = (0.5, 0.75)
+  config.optimizer.decay_factor = 0.1
+
+  # mode: 'jit' (data parallel), 'fsdp', 'shard_map' or 'pmap'.
+  config.parallel = ml_collections.ConfigDict()
+  config.parallel.mode = 'jit'
+  config.parallel.num_devices = config_dict.placeholder(int)  # all devices
+  config.parallel.fsdp_min_size = 1024
+
+  config.global_batch_size = 128
+  config.eval_batch_size = 256
+  config.num_train_steps = 1000
+  config.log_every_steps = 100
+  config.eval_every_steps = 500
+  config.checkpoint_every_steps = 500
+  config.checkpoints_to_keep = 3
+  return config

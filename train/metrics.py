@@ -1,0 +1,57 @@
+"""Metric sinks: console progress, TensorBoard event files, and a JSON-lines file.
+
+Only process 0 writes. `metrics.jsonl` in the work directory gets one JSON
+object per record, `{"step": ..., "split": "train"|"eval", name: value, ...}`;
+a resumed run appends, so for a step written twice the later line wins.
+"""
+
+import json
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+
+class MetricWriter:
+  """Writes scalar metrics to the console, TensorBoard and `metrics.jsonl`."""
+
+  def __init__(self, workdir: str, total_steps: int):
+    self.enabled = jax.process_index() == 0
+    self.total_steps = total_steps
+    self.start_time = time.time()
+    self._tb = None
+    self._jsonl = None
+    if self.enabled:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+
+  def write(self, step: int, split: str, metrics: dict) -> None:
+    if not self.enabled:
+      return
+    scalars = {name: float(np.asarray(value)) for name, value in metrics.items()}
+    for name, value in scalars.items():
+      self._tb.add_scalar(f'{split}/{name}', value, step)
+    self._jsonl.write(json.dumps({'step': step, 'split': split, **scalars}) + '\n')
+    self._jsonl.flush()
+    self._print(step, split, scalars)
+
+  def _print(self, step: int, split: str, scalars: dict) -> None:
+    fraction = step / max(self.total_steps, 1)
+    bar = ('#' * int(20 * fraction)).ljust(20, '.')
+    elapsed = time.time() - self.start_time
+    eta = elapsed / fraction * (1 - fraction) if fraction > 0 else float('nan')
+    shown = ' '.join(f'{k}={_format(v)}' for k, v in scalars.items())
+    print(f'[{bar}] {step}/{self.total_steps} {split}: {shown} | {elapsed:.0f}s elapsed, '
+          f'eta {eta:.0f}s', file=sys.stderr, flush=True)
+
+  def close(self) -> None:
+    if self.enabled:
+      self._tb.close()
+      self._jsonl.close()
+
+
+def _format(value: float) -> str:
+  return f'{value:.4g}' if abs(value) < 1e5 else f'{value:.3e}'

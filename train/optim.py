@@ -1,0 +1,74 @@
+"""Optax optimisers, gradient clipping and learning-rate schedules from config.
+
+`config` is the `optimizer` block of an experiment config (an
+`ml_collections.ConfigDict` or any object with the same attributes):
+
+  name: 'sgd' | 'momentum' | 'adam' | 'adamw'
+  learning_rate: peak learning rate (> 0)
+  momentum, nesterov: for 'momentum' (heavy ball or Nesterov)
+  b1, b2, eps: for 'adam'/'adamw';  weight_decay: for 'adamw'
+  grad_clip_norm: clip by global norm (seed 001) when > 0
+  schedule: 'constant' | 'step' | 'cosine' | 'warmup_cosine'
+  warmup_steps, decay_factor, boundaries (fractions of the run for 'step'),
+  final_lr_fraction (the cosine floor as a fraction of the peak).
+"""
+
+import optax
+
+OPTIMIZERS = ('sgd', 'momentum', 'adam', 'adamw')
+SCHEDULES = ('constant', 'step', 'cosine', 'warmup_cosine')
+
+
+def validate(config, total_steps: int) -> None:
+  """Raises ValueError, in one sentence, for an optimizer block that cannot work."""
+  if config.name not in OPTIMIZERS:
+    raise ValueError(f'Unknown optimizer {config.name!r}; allowed: {", ".join(OPTIMIZERS)}.')
+  if not config.learning_rate > 0:
+    raise ValueError(f'optimizer.learning_rate must be positive, got {config.learning_rate!r}.')
+  schedule = config.get('schedule', 'constant')
+  if schedule not in SCHEDULES:
+    raise ValueError(f'Unknown learning-rate schedule {schedule!r}; allowed: {", ".join(SCHEDULES)}.')
+  warmup = config.get('warmup_steps', 0)
+  if schedule == 'warmup_cosine' and not 0 <= warmup < total_steps:
+    raise ValueError(f'optimizer.warmup_steps must be in [0, {total_steps}) for a run of '
+                     f'{total_steps} steps, got {warmup!r}.')
+  if config.get('grad_clip_norm', 0.0) < 0:
+    raise ValueError(f'optimizer.grad_clip_norm must be >= 0 (0 disables clipping), '
+                     f'got {config.grad_clip_norm!r}.')
+
+
+def make_schedule(config, total_steps: int) -> optax.Schedule:
+  """The learning rate as a function of the step."""
+  peak = config.learning_rate
+  schedule = config.get('schedule', 'constant')
+  floor = peak * config.get('final_lr_fraction', 0.0)
+  if schedule == 'constant':
+    return optax.constant_schedule(peak)
+  if schedule == 'step':
+    boundaries = config.get('boundaries', (0.5, 0.75))
+    factor = config.get('decay_factor', 0.1)
+    return optax.piecewise_constant_schedule(
+        peak, {int(b * total_steps): factor for b in boundaries})
+  if schedule == 'cosine':
+    return optax.cosine_decay_schedule(peak, total_steps, alpha=floor / peak)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=peak, warmup_steps=config.get('warmup_steps', 0),
+      decay_steps=total_steps, end_value=floor)
+
+
+def make_optimizer(config, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Returns the Optax transformation and its learning-rate schedule."""
+  validate(config, total_steps)
+  lr = make_schedule(config, total_steps)
+  if config.name == 'sgd':
+    tx = optax.sgd(lr)
+  elif config.name == 'momentum':
+    tx = optax.sgd(lr, momentum=config.get('momentum', 0.9), nesterov=config.get('nesterov', False))
+  elif config.name == 'adam':
+    tx = optax.adam(lr, b1=config.get('b1', 0.9), b2=config.get('b2', 0.999), eps=config.get('eps', 1e-8))
+  else:
+    tx = optax.adamw(lr, b1=config.get('b1', 0.9), b2=config.get('b2', 0.999),
+                     eps=config.get('eps', 1e-8), weight_decay=config.get('weight_decay', 1e-4))
+  if config.get('grad_clip_norm', 0.0) > 0:
+    tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
+  return tx, lr
