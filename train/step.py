@@ -40,7 +40,7 @@ def train_step(state: TrainState, batch: dict, *, model, task: Callable,
   model_state = _mean_over_devices(model_state, axis_name)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = {**metrics, 'grad_norm': optax.global_norm(grads),
+  metrics = {**metrics, 'grad_norm': optax.tree.norm(grads),
              'learning_rate': learning_rate_fn(state.step)}
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                             model_state=model_state)
