@@ -1,25 +1,142 @@
-"""Activation functions of seeds 001 and 004, looked up by name."""
+"""Activation functions of seeds 001 and 004 and their derivatives, looked up by name.
 
+The functions delegate to `jax.nn` where it has them, because those versions are
+numerically stable for large |x| (e.g. the sigmoid never evaluates exp(-x) for
+x << 0); the tests check every one against the seed formula. The derivatives
+are derived by hand so that `models.backprop` can apply seed 001's δ recursion
+without automatic differentiation.
+"""
+
+import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-ACTIVATIONS: dict[str, Callable[[jnp.ndarray], jnp.ndarray]] = {
-    'sigmoid': jax.nn.sigmoid,
-    'tanh': jnp.tanh,
-    'relu': jax.nn.relu,
-    'leaky_relu': jax.nn.leaky_relu,
-    'gelu': lambda x: jax.nn.gelu(x, approximate=False),
-    'gelu_tanh': lambda x: jax.nn.gelu(x, approximate=True),
-    'elu': jax.nn.elu,
+Activation = Callable[[jnp.ndarray], jnp.ndarray]
+
+LEAKY_RELU_ALPHA = 0.01
+ELU_ALPHA = 1.0
+# Coefficient of the cubic term in the tanh approximation of GELU.
+_GELU_CUBIC = 0.044715
+
+
+def sigmoid(x: jnp.ndarray) -> jnp.ndarray:
+  """Seed 001 eq. (9): φ(x) = 1 / (1 + e^{-x})."""
+  return jax.nn.sigmoid(x)
+
+
+def tanh(x: jnp.ndarray) -> jnp.ndarray:
+  """Seed 001 eq. (10): tanh(x) = (e^x - e^{-x}) / (e^x + e^{-x}) = 2φ(2x) - 1."""
+  return jnp.tanh(x)
+
+
+def relu(x: jnp.ndarray) -> jnp.ndarray:
+  """Seed 001 eq. (11): (x)_+ = max{0, x}."""
+  return jax.nn.relu(x)
+
+
+def leaky_relu(x: jnp.ndarray, alpha: float = LEAKY_RELU_ALPHA) -> jnp.ndarray:
+  """Seed 001 eq. (12): f(x) = max{αx, x} for a slope 0 ≤ α < 1 on the negative part."""
+  return jax.nn.leaky_relu(x, negative_slope=alpha)
+
+
+def gelu(x: jnp.ndarray) -> jnp.ndarray:
+  """Seed 004 GeLU, exact: x · P[X ≤ x] = x · ½(1 + erf(x/√2)) for X ~ N(0, 1)."""
+  return jax.nn.gelu(x, approximate=False)
+
+
+def gelu_tanh(x: jnp.ndarray) -> jnp.ndarray:
+  """Tanh approximation of seed 004's GeLU: ½x(1 + tanh(√(2/π)(x + 0.044715x³)))."""
+  return jax.nn.gelu(x, approximate=True)
+
+
+def elu(x: jnp.ndarray, alpha: float = ELU_ALPHA) -> jnp.ndarray:
+  """Seed 004 ELU: x for x > 0 and α(exp(x) - 1) for x ≤ 0 (the seed takes α = 1)."""
+  return jax.nn.elu(x, alpha=alpha)
+
+
+def sigmoid_derivative(x: jnp.ndarray) -> jnp.ndarray:
+  """φ'(x) = φ(x)(1 - φ(x)) for seed 001 eq. (9)."""
+  s = jax.nn.sigmoid(x)
+  return s * (1 - s)
+
+
+def tanh_derivative(x: jnp.ndarray) -> jnp.ndarray:
+  """tanh'(x) = 1 - tanh²(x) for seed 001 eq. (10)."""
+  return 1 - jnp.tanh(x) ** 2
+
+
+def relu_derivative(x: jnp.ndarray) -> jnp.ndarray:
+  """1 for x > 0, else 0 (seed 001 eq. (11)); 0 at the kink, as `jax.grad` uses."""
+  return (x > 0).astype(jnp.result_type(x, jnp.float32))
+
+
+def leaky_relu_derivative(x: jnp.ndarray, alpha: float = LEAKY_RELU_ALPHA) -> jnp.ndarray:
+  """1 for x ≥ 0, else α (seed 001 eq. (12)); 1 at the kink, as `jax.grad` uses."""
+  return jnp.where(x >= 0, 1.0, alpha).astype(jnp.result_type(x, jnp.float32))
+
+
+def gelu_derivative(x: jnp.ndarray) -> jnp.ndarray:
+  """d/dx x·Φ(x) = Φ(x) + x·ϕ(x), with Φ, ϕ the standard normal cdf and density (seed 004)."""
+  cdf = 0.5 * (1 + jax.scipy.special.erf(x / math.sqrt(2)))
+  pdf = jnp.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
+  return cdf + x * pdf
+
+
+def gelu_tanh_derivative(x: jnp.ndarray) -> jnp.ndarray:
+  """Derivative of ½x(1 + tanh(u)) with u = √(2/π)(x + 0.044715x³)."""
+  c = math.sqrt(2 / math.pi)
+  t = jnp.tanh(c * (x + _GELU_CUBIC * x**3))
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t**2) * c * (1 + 3 * _GELU_CUBIC * x**2)
+
+
+def elu_derivative(x: jnp.ndarray, alpha: float = ELU_ALPHA) -> jnp.ndarray:
+  """1 for x > 0, else α·exp(x) (seed 004 ELU); α at the kink, as `jax.grad` uses."""
+  return jnp.where(x > 0, 1.0, alpha * jnp.exp(jnp.minimum(x, 0)))
+
+
+ACTIVATIONS: dict[str, Activation] = {
+    'sigmoid': sigmoid,
+    'tanh': tanh,
+    'relu': relu,
+    'leaky_relu': leaky_relu,
+    'gelu': gelu,
+    'gelu_tanh': gelu_tanh,
+    'elu': elu,
+}
+
+DERIVATIVES: dict[str, Activation] = {
+    'sigmoid': sigmoid_derivative,
+    'tanh': tanh_derivative,
+    'relu': relu_derivative,
+    'leaky_relu': leaky_relu_derivative,
+    'gelu': gelu_derivative,
+    'gelu_tanh': gelu_tanh_derivative,
+    'elu': elu_derivative,
 }
 
 
-def get(name_or_fn: str | Callable) -> Callable[[jnp.ndarray], jnp.ndarray]:
+def get(name_or_fn: str | Callable) -> Activation:
   """Returns the activation called `name_or_fn`, or `name_or_fn` if callable."""
   if callable(name_or_fn):
     return name_or_fn
   if name_or_fn not in ACTIVATIONS:
     raise ValueError(f'Unknown activation {name_or_fn!r}; allowed: {", ".join(sorted(ACTIVATIONS))}.')
   return ACTIVATIONS[name_or_fn]
+
+
+def derivative(name_or_fn: str | Callable) -> Activation:
+  """Returns φ' for an activation given by name or as an elementwise callable.
+
+  Named activations (and the functions in `ACTIVATIONS` themselves) get their
+  hand-derived derivative; any other elementwise callable is differentiated with
+  `jax.grad`, which for an elementwise φ is the gradient of Σ φ(x).
+  """
+  if callable(name_or_fn):
+    for name, fn in ACTIVATIONS.items():
+      if fn is name_or_fn:
+        return DERIVATIVES[name]
+    return jax.grad(lambda x: jnp.sum(name_or_fn(x)))
+  get(name_or_fn)
+  return DERIVATIVES[name_or_fn]

@@ -6,10 +6,15 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models import activations
+from models import layers
 
 
 class MLP(nn.Module):
   """Fully connected network; the last layer is linear (logits).
+
+  A hidden layer is Dense → normalisation (optional) → φ → dropout (optional).
+  The parameters are always named `Dense_0 … Dense_L` (plus `BatchNorm_l` or
+  `LayerNorm_l`), whatever the options, so `models.backprop` can read them.
 
   Attributes:
     features: widths of every layer, the last one being the output size.
@@ -18,22 +23,51 @@ class MLP(nn.Module):
     batch_norm: batch normalisation before every hidden activation.
     batch_norm_axis_name: mapped axis over which batch statistics are averaged
       (set by the train library under shard_map/pmap, `None` under jit).
+    layer_norm: layer normalisation over the features before every hidden
+      activation (exclusive with `batch_norm`).
+    residual: wrap every hidden layer whose input and output widths agree in a
+      skip connection, x + layer(x).
   """
   features: Sequence[int]
   activation: str | Callable = 'relu'
   dropout_rate: float = 0.0
   batch_norm: bool = False
   batch_norm_axis_name: str | None = None
+  layer_norm: bool = False
+  residual: bool = False
 
   @nn.compact
   def __call__(self, x_BxD: jnp.ndarray, *, train: bool = False) -> jnp.ndarray:
+    if not self.features:
+      raise ValueError('MLP features must name at least the output width, got an empty sequence.')
+    if not 0 <= self.dropout_rate < 1:
+      raise ValueError(f'MLP dropout_rate must lie in [0, 1), got {self.dropout_rate}.')
+    if self.batch_norm and self.layer_norm:
+      raise ValueError('MLP takes batch_norm or layer_norm, not both.')
     phi = activations.get(self.activation)
     x = x_BxD.reshape(x_BxD.shape[0], -1)
     for width in self.features[:-1]:
-      x = nn.Dense(width)(x)
+      # The submodules are created here, in the MLP's scope, so that wrapping
+      # the layer in a Residual does not move their parameters.
+      # A bias before batch norm is cancelled by its mean subtraction.
+      dense = nn.Dense(width, use_bias=not self.batch_norm)
       if self.batch_norm:
-        x = nn.BatchNorm(use_running_average=not train, axis_name=self.batch_norm_axis_name)(x)
-      x = phi(x)
-      if self.dropout_rate > 0:
-        x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+        norm = nn.BatchNorm(use_running_average=not train, axis_name=self.batch_norm_axis_name)
+      elif self.layer_norm:
+        norm = nn.LayerNorm()
+      else:
+        norm = None
+      dropout = nn.Dropout(self.dropout_rate, deterministic=not train) if self.dropout_rate > 0 else None
+
+      def hidden(h, dense=dense, norm=norm, dropout=dropout):
+        h = dense(h)
+        if norm is not None:
+          h = norm(h)
+        h = phi(h)
+        return dropout(h) if dropout is not None else h
+
+      if self.residual and x.shape[-1] == width:
+        x = layers.Residual(hidden)(x)
+      else:
+        x = hidden(x)
     return nn.Dense(self.features[-1])(x)

@@ -1,0 +1,53 @@
+"""Layers that flax.linen lacks: maxout (seed 001 eq. (13)) and the residual wrapper.
+
+Dropout, LayerNorm and BatchNorm are flax.linen's own (`nn.Dropout`,
+`nn.LayerNorm`, `nn.BatchNorm`); tests/models/test_layers.py shows that they
+compute the seed formulas.
+"""
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class Maxout(nn.Module):
+  """Seed 001 eq. (13): f(x) = max{xᵀw_1 + b_1, …, xᵀw_k + b_k} for every output unit.
+
+  The k affine pieces of all units come from one Dense layer with
+  `features * pieces` outputs; output unit j owns the columns
+  j·k, …, j·k + k - 1 of its kernel.
+
+  Attributes:
+    features: number of output units.
+    pieces: number k of affine pieces per unit.
+  """
+  features: int
+  pieces: int = 2
+
+  @nn.compact
+  def __call__(self, x_BxD: jnp.ndarray) -> jnp.ndarray:
+    if self.features < 1:
+      raise ValueError(f'Maxout features must be a positive integer, got {self.features}.')
+    if self.pieces < 1:
+      raise ValueError(f'Maxout pieces must be a positive integer, got {self.pieces}.')
+    z_BxHK = nn.Dense(self.features * self.pieces)(x_BxD)
+    z_BxHxK = z_BxHK.reshape(*z_BxHK.shape[:-1], self.features, self.pieces)
+    return jnp.max(z_BxHxK, axis=-1)
+
+
+class Residual(nn.Module):
+  """Skip connection x + f(x) (seed 001, "Why residual connections matter").
+
+  Attributes:
+    fn: the residual branch f, a module or any callable whose output has the
+      shape of its input; extra call arguments (e.g. `train=`) are passed on.
+  """
+  fn: Callable[..., Any]
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, *args, **kwargs) -> jnp.ndarray:
+    fx = self.fn(x, *args, **kwargs)
+    if fx.shape != x.shape:
+      raise ValueError(f'Residual branch maps shape {x.shape} to {fx.shape}; it must keep the shape.')
+    return x + fx

@@ -1,0 +1,112 @@
+"""Losses and distances between distributions of seed 004 §1.3–1.4.
+
+Every loss returns one value per example (shape B); the caller averages, so a
+training step can weight or mask examples. Functions on probability vectors
+treat the last axis as the distribution and every leading axis as a batch axis.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import xlogy
+
+
+def _check_unit_interval(name: str, value) -> None:
+  # A traced value cannot be checked; the train library passes Python floats.
+  if isinstance(value, (int, float)) and not 0 <= value <= 1:
+    raise ValueError(f'{name} must lie in [0, 1], got {value}.')
+
+
+def _check_same_shape(a: jnp.ndarray, b: jnp.ndarray) -> None:
+  if a.shape != b.shape:
+    raise ValueError(f'Predictions of shape {a.shape} and targets of shape {b.shape} must have the same shape.')
+
+
+def _per_example_mean(x: jnp.ndarray) -> jnp.ndarray:
+  return jnp.mean(x.reshape(x.shape[0], -1), axis=1)
+
+
+def mean_squared_error(pred_BxK: jnp.ndarray, target_BxK: jnp.ndarray) -> jnp.ndarray:
+  """Seed 004: (1/d_out) Σ_j |v_j - w_j|², averaged over each example's entries."""
+  _check_same_shape(pred_BxK, target_BxK)
+  return _per_example_mean((pred_BxK - target_BxK) ** 2)
+
+
+def mean_absolute_error(pred_BxK: jnp.ndarray, target_BxK: jnp.ndarray) -> jnp.ndarray:
+  """Seed 004: (1/d_out) Σ_j |v_j - w_j|, averaged over each example's entries."""
+  _check_same_shape(pred_BxK, target_BxK)
+  return _per_example_mean(jnp.abs(pred_BxK - target_BxK))
+
+
+def binary_cross_entropy_with_logits(logits_B: jnp.ndarray, labels_B: jnp.ndarray) -> jnp.ndarray:
+  """CE(p, q) of seed 004 for two classes, with q = sigmoid(z) and p = (y, 1 - y).
+
+  -y log σ(z) - (1 - y) log(1 - σ(z)) is rewritten as
+  max(z, 0) - z·y + log(1 + e^{-|z|}) so that no exp overflows for large |z|.
+  Elementwise; labels may be soft, in [0, 1].
+  """
+  _check_same_shape(logits_B, labels_B)
+  return jnp.maximum(logits_B, 0) - logits_B * labels_B + jnp.log1p(jnp.exp(-jnp.abs(logits_B)))
+
+
+def softmax_cross_entropy(logits_BxC: jnp.ndarray, targets_BxC: jnp.ndarray,
+                          label_smoothing: float = 0.0) -> jnp.ndarray:
+  """Seed 004 CE(p, q) = -Σ_i p_i log q_i with q = softmax(logits) and p = targets.
+
+  Targets are one-hot vectors or any distributions; label smoothing ε replaces
+  them by (1 - ε)·p + ε/C.
+  """
+  _check_same_shape(logits_BxC, targets_BxC)
+  _check_unit_interval('label_smoothing', label_smoothing)
+  num_classes = logits_BxC.shape[-1]
+  p_BxC = (1 - label_smoothing) * targets_BxC + label_smoothing / num_classes
+  return -jnp.sum(p_BxC * jax.nn.log_softmax(logits_BxC, axis=-1), axis=-1)
+
+
+def cross_entropy(logits_BxC: jnp.ndarray, labels_B: jnp.ndarray, label_smoothing: float = 0.0) -> jnp.ndarray:
+  """Seed 004 CE with integer labels: -log q_y when p is hot on y, per example.
+
+  With label smoothing ε the target is (1 - ε)·onehot(y) + ε/C, so the loss is
+  logsumexp(z) - (1 - ε)·z_y - ε·mean(z). Labels must lie in [0, C).
+  """
+  if labels_B.shape != logits_BxC.shape[:-1]:
+    raise ValueError(f'Labels of shape {labels_B.shape} do not match logits of shape {logits_BxC.shape}; '
+                     'expected one integer label per row of logits.')
+  _check_unit_interval('label_smoothing', label_smoothing)
+  log_normaliser_B = jax.nn.logsumexp(logits_BxC, axis=-1)
+  z_y_B = jnp.take_along_axis(logits_BxC, labels_B[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return log_normaliser_B - (1 - label_smoothing) * z_y_B - label_smoothing * jnp.mean(logits_BxC, axis=-1)
+
+
+def entropy(p_BxC: jnp.ndarray) -> jnp.ndarray:
+  """H(p) = -Σ_i p_i log p_i, with 0 log 0 = 0 (seed 004, second term of CE)."""
+  return -jnp.sum(xlogy(p_BxC, p_BxC), axis=-1)
+
+
+def kl_divergence(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray) -> jnp.ndarray:
+  """Seed 004 D_KL(p‖q) = Σ_i p_i log(p_i / q_i), with 0 log(0/q) = 0 and +∞ where p_i > 0 = q_i."""
+  _check_same_shape(p_BxC, q_BxC)
+  return jnp.sum(xlogy(p_BxC, p_BxC) - xlogy(p_BxC, q_BxC), axis=-1)
+
+
+def categorical_cross_entropy(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray) -> jnp.ndarray:
+  """Seed 004 CE(p, q) = -Σ_i p_i log q_i between two probability vectors."""
+  _check_same_shape(p_BxC, q_BxC)
+  return -jnp.sum(xlogy(p_BxC, q_BxC), axis=-1)
+
+
+def lp_distance(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray, order: float = 2.0) -> jnp.ndarray:
+  """Seed 004 d_{L^p}(P, Q) = (Σ_i |P(i) - Q(i)|^p)^{1/p} for p ≥ 1."""
+  if isinstance(order, (int, float)) and order < 1:
+    raise ValueError(f'The L^p order must be at least 1, got {order}.')
+  _check_same_shape(p_BxC, q_BxC)
+  return jnp.sum(jnp.abs(p_BxC - q_BxC) ** order, axis=-1) ** (1 / order)
+
+
+def total_variation(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray) -> jnp.ndarray:
+  """Seed 004 d_total(P, Q) = sup_A |P(A) - Q(A)|, computed as the set A = {i : P(i) ≥ Q(i)}.
+
+  The seed's proof shows this set attains the supremum; its value equals ½ d_{L^1}.
+  """
+  _check_same_shape(p_BxC, q_BxC)
+  diff_BxC = p_BxC - q_BxC
+  return jnp.sum(jnp.where(diff_BxC >= 0, diff_BxC, 0), axis=-1)

@@ -1,0 +1,123 @@
+"""Activations against the seed formulas, derivatives against jax.grad."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import activations
+
+# float32 evaluation compared with float64 references.
+RTOL, ATOL = 1e-6, 1e-6
+
+_erf = np.vectorize(math.erf)
+
+
+def _sigmoid(x):
+  return 1 / (1 + np.exp(-x))
+
+
+SEED_FORMULAS = {
+    'sigmoid': _sigmoid,
+    'tanh': lambda x: (np.exp(x) - np.exp(-x)) / (np.exp(x) + np.exp(-x)),
+    'relu': lambda x: np.maximum(0, x),
+    'leaky_relu': lambda x: np.maximum(0.01 * x, x),
+    'gelu': lambda x: x * 0.5 * (1 + _erf(x / math.sqrt(2))),
+    'gelu_tanh': lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    'elu': lambda x: np.where(x > 0, x, np.exp(np.minimum(x, 0)) - 1),
+}
+
+
+def _points(n=401, scale=6.0):
+  # A grid that avoids the kink at exactly 0, plus random points.
+  grid = np.linspace(-scale, scale, n) + 1e-3
+  rand = np.random.default_rng(0).normal(scale=3.0, size=200)
+  return np.concatenate([grid, rand]).astype(np.float32)
+
+
+def test_every_activation_has_a_seed_formula_and_a_derivative():
+  assert set(activations.ACTIVATIONS) == set(SEED_FORMULAS) == set(activations.DERIVATIVES)
+
+
+@pytest.mark.parametrize('name', sorted(SEED_FORMULAS))
+def test_activation_equals_seed_formula(name):
+  x = _points()
+  got = np.asarray(activations.get(name)(jnp.asarray(x)))
+  np.testing.assert_allclose(got, SEED_FORMULAS[name](x.astype(np.float64)), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize('name', sorted(SEED_FORMULAS))
+def test_hand_derivative_equals_jax_grad(name):
+  x = jnp.asarray(_points())
+  fn = activations.get(name)
+  autodiff = jax.vmap(jax.grad(fn))(x)
+  np.testing.assert_allclose(activations.derivative(name)(x), autodiff, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize('name', sorted(SEED_FORMULAS))
+def test_hand_derivative_agrees_with_jax_grad_at_the_origin(name):
+  zero = jnp.zeros((1,))
+  autodiff = jax.vmap(jax.grad(activations.get(name)))(zero)
+  np.testing.assert_allclose(activations.derivative(name)(zero), autodiff, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize('name', sorted(SEED_FORMULAS))
+def test_hand_derivative_equals_central_difference(name):
+  # An independent check of the hand derivations, in float64 on the seed formula.
+  x = _points().astype(np.float64)
+  h = 1e-5
+  numeric = (SEED_FORMULAS[name](x + h) - SEED_FORMULAS[name](x - h)) / (2 * h)
+  np.testing.assert_allclose(activations.derivative(name)(jnp.asarray(x, jnp.float32)), numeric,
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_tanh_is_a_rescaled_sigmoid():
+  # Seed 001 eq. (10): tanh(x) = 2φ(2x) - 1.
+  x = jnp.asarray(_points())
+  np.testing.assert_allclose(activations.tanh(x), 2 * activations.sigmoid(2 * x) - 1, atol=2e-6)
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.01, 0.05, 0.3])
+def test_leaky_relu_with_configurable_slope(alpha):
+  x = _points()
+  np.testing.assert_allclose(activations.leaky_relu(jnp.asarray(x), alpha),
+                             np.maximum(alpha * x.astype(np.float64), x), rtol=RTOL, atol=ATOL)
+  slope = jax.vmap(jax.grad(activations.leaky_relu), in_axes=(0, None))(jnp.asarray(x), alpha)
+  np.testing.assert_allclose(activations.leaky_relu_derivative(jnp.asarray(x), alpha), slope)
+  np.testing.assert_array_equal(np.unique(np.asarray(slope)), np.unique(np.float32([alpha, 1.0])))
+
+
+@pytest.mark.parametrize('alpha', [0.5, 1.0, 2.0])
+def test_elu_with_configurable_alpha(alpha):
+  x = _points()
+  x64 = x.astype(np.float64)
+  expected = np.where(x64 > 0, x64, alpha * (np.exp(np.minimum(x64, 0)) - 1))
+  np.testing.assert_allclose(activations.elu(jnp.asarray(x), alpha), expected, rtol=RTOL, atol=ATOL)
+  autodiff = jax.vmap(jax.grad(activations.elu), in_axes=(0, None))(jnp.asarray(x), alpha)
+  np.testing.assert_allclose(activations.elu_derivative(jnp.asarray(x), alpha), autodiff, rtol=RTOL, atol=ATOL)
+
+
+def test_gelu_tanh_approximates_exact_gelu():
+  x = jnp.asarray(_points())
+  gap = np.max(np.abs(activations.gelu(x) - activations.gelu_tanh(x)))
+  assert 1e-5 < gap < 1e-3
+
+
+def test_derivative_of_a_custom_callable_uses_autodiff():
+  x = jnp.asarray(_points())
+  steep = functools.partial(activations.leaky_relu, alpha=0.2)
+  np.testing.assert_allclose(activations.derivative(steep)(x), activations.leaky_relu_derivative(x, 0.2))
+
+
+def test_derivative_of_a_registered_callable_is_the_hand_derived_one():
+  assert activations.derivative(activations.ACTIVATIONS['gelu']) is activations.gelu_derivative
+
+
+def test_unknown_name_is_rejected():
+  with pytest.raises(ValueError, match="'swish'"):
+    activations.get('swish')
+  with pytest.raises(ValueError, match="'swish'"):
+    activations.derivative('swish')

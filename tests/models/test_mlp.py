@@ -1,0 +1,109 @@
+"""MLP against seed 001 eq. (2), x(l) = φ(W(l)ᵀ x(l-1) + b(l)), evaluated by a NumPy loop."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models.mlp import MLP
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+NUMPY_PHI = {'relu': lambda z: np.maximum(z, 0), 'tanh': np.tanh, 'sigmoid': lambda z: 1 / (1 + np.exp(-z))}
+
+
+def _dense(variables, index):
+  layer = variables['params'][f'Dense_{index}']
+  # Layers followed by batch norm have no bias (the norm would cancel it).
+  bias = layer.get('bias', np.zeros(layer['kernel'].shape[-1]))
+  return np.asarray(layer['kernel'], np.float64), np.asarray(bias, np.float64)
+
+
+def _reference(variables, x, features, phi, residual=False, layer_norm=False):
+  x = np.asarray(x, np.float64).reshape(x.shape[0], -1)
+  for l in range(len(features)):
+    w, b = _dense(variables, l)
+    z = x @ w + b
+    if l == len(features) - 1:
+      return z
+    if layer_norm:
+      ln = variables['params'][f'LayerNorm_{l}']
+      z = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + 1e-6)
+      z = np.asarray(ln['scale']) * z + np.asarray(ln['bias'])
+    h = phi(z)
+    x = x + h if residual and x.shape[-1] == h.shape[-1] else h
+
+
+def _perturbed(variables, seed=0):
+  # Non-trivial scales and biases everywhere, so every parameter matters.
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda leaf: np.asarray(leaf) + rng.normal(scale=0.3, size=leaf.shape).astype(np.float32),
+                      variables)
+
+
+@pytest.mark.parametrize('activation', sorted(NUMPY_PHI))
+@pytest.mark.parametrize('features', [(3,), (5, 3), (6, 4, 4, 2)])
+def test_forward_equals_seed_layer_recursion(activation, features):
+  model = MLP(features, activation=activation)
+  x_BxHxW = jax.random.normal(jax.random.key(1), (4, 2, 3))
+  variables = _perturbed(model.init(jax.random.key(0), x_BxHxW))
+  expected = _reference(variables, x_BxHxW, features, NUMPY_PHI[activation])
+  np.testing.assert_allclose(model.apply(variables, x_BxHxW), expected, **TOL)
+
+
+def test_residual_adds_skip_connections_where_widths_agree_and_keeps_parameter_names():
+  features = (5, 5, 5, 2)
+  x_BxD = jax.random.normal(jax.random.key(2), (3, 4))
+  plain_variables = MLP(features).init(jax.random.key(0), x_BxD)
+  model = MLP(features, activation='tanh', residual=True)
+  variables = _perturbed(model.init(jax.random.key(0), x_BxD))
+  assert jax.tree.structure(variables) == jax.tree.structure(plain_variables)
+  expected = _reference(variables, x_BxD, features, np.tanh, residual=True)
+  np.testing.assert_allclose(model.apply(variables, x_BxD), expected, **TOL)
+  plain = _reference(variables, x_BxD, features, np.tanh)
+  assert np.max(np.abs(expected - plain)) > 1e-2
+
+
+def test_layer_norm_option_equals_seed_formula_in_training_and_inference():
+  features = (6, 6, 3)
+  model = MLP(features, activation='relu', layer_norm=True)
+  x_BxD = jax.random.normal(jax.random.key(3), (4, 5))
+  variables = _perturbed(model.init(jax.random.key(0), x_BxD))
+  expected = _reference(variables, x_BxD, features, NUMPY_PHI['relu'], layer_norm=True)
+  np.testing.assert_allclose(model.apply(variables, x_BxD, train=False), expected, **TOL)
+  np.testing.assert_allclose(model.apply(variables, x_BxD, train=True), expected, **TOL)
+
+
+def test_dropout_acts_in_training_only():
+  model = MLP((32, 32, 2), dropout_rate=0.5)
+  x_BxD = jax.random.normal(jax.random.key(4), (8, 3))
+  variables = model.init(jax.random.key(0), x_BxD)
+  no_dropout = MLP((32, 32, 2)).apply(variables, x_BxD)
+  np.testing.assert_array_equal(model.apply(variables, x_BxD, train=False), no_dropout)
+  trained = model.apply(variables, x_BxD, train=True, rngs={'dropout': jax.random.key(5)})
+  assert np.max(np.abs(trained - no_dropout)) > 1e-3
+
+
+def test_batch_norm_uses_running_averages_at_inference():
+  model = MLP((4, 2), batch_norm=True, activation='tanh')
+  x_BxD = jax.random.normal(jax.random.key(6), (5, 3)) * 3.0
+  variables = model.init(jax.random.key(0), x_BxD)
+  # Fresh running averages are mean 0 and variance 1.
+  w, b = _dense(variables, 0)
+  hidden = np.tanh((np.asarray(x_BxD) @ w + b) / np.sqrt(1 + 1e-5))
+  w_out, b_out = _dense(variables, 1)
+  np.testing.assert_allclose(model.apply(variables, x_BxD, train=False), hidden @ w_out + b_out, **TOL)
+  _, updates = model.apply(variables, x_BxD, train=True, mutable=['batch_stats'])
+  z = np.asarray(x_BxD, np.float64) @ w + b
+  np.testing.assert_allclose(updates['batch_stats']['BatchNorm_0']['mean'], 0.01 * z.mean(0), **TOL)
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(features=()), 'at least the output width'),
+    (dict(features=(3, 2), dropout_rate=1.0), 'dropout_rate must lie in'),
+    (dict(features=(3, 2), batch_norm=True, layer_norm=True), 'not both'),
+    (dict(features=(3, 2), activation='swish'), "'swish'"),
+])
+def test_bad_configuration_is_rejected(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    MLP(**kwargs).init(jax.random.key(0), jnp.ones((1, 2)))

@@ -1,0 +1,87 @@
+"""Random Fourier features against the exact RBF kernel."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import random_features as rff
+
+GAMMA = 0.1
+DIMS = (16, 64, 256, 1024, 4096)
+SEEDS = 8
+
+
+def _data(n=24, dim=5, seed=0):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=(n, dim)), jnp.float32)
+
+
+def test_rbf_kernel_equals_pairwise_loop():
+  x, y = _data(6, 3, 1), _data(4, 3, 2)
+  expected = np.array([[math.exp(-GAMMA * sum((float(a) - float(b)) ** 2 for a, b in zip(xi, yj))) for yj in y]
+                       for xi in x])
+  np.testing.assert_allclose(rff.rbf_kernel(x, y, GAMMA), expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.diag(rff.rbf_kernel(x, x, GAMMA)), 1.0, rtol=1e-6)
+
+
+def _mean_abs_errors(x, num_features):
+  exact = rff.rbf_kernel(x, x, GAMMA)
+
+  @jax.jit
+  def error(key):
+    features = rff.sample_features(key, x.shape[1], num_features, GAMMA)
+    return jnp.mean(jnp.abs(rff.approximate_kernel(features, x, x) - exact))
+
+  return np.array([float(error(jax.random.key(seed))) for seed in range(SEEDS)])
+
+
+def kernel_error_slope():
+  """Least-squares slope of log(mean |z(x)ᵀz(y) - k(x, y)|) against log D."""
+  x = _data()
+  errors = [np.mean(_mean_abs_errors(x, d)) for d in DIMS]
+  slope, _ = np.polyfit(np.log(DIMS), np.log(errors), 1)
+  return slope, errors
+
+
+def test_kernel_approximation_error_falls_like_one_over_sqrt_d():
+  slope, errors = kernel_error_slope()
+  assert -0.6 <= slope <= -0.4, (slope, errors)
+  assert errors[-1] < 0.02, errors
+
+
+def test_estimate_is_unbiased():
+  # E[z(x)ᵀz(y)] = k(x, y): the average over independent draws converges to the kernel.
+  x = _data(8, 4, 3)
+  draws = 400
+
+  @jax.jit
+  def estimates(keys):
+    return jax.vmap(lambda k: rff.approximate_kernel(rff.sample_features(k, 4, 64, GAMMA), x, x))(keys)
+
+  samples = np.asarray(estimates(jax.random.split(jax.random.key(0), draws)))
+  standard_error = samples.std(axis=0) / math.sqrt(draws)
+  gap = np.abs(samples.mean(axis=0) - np.asarray(rff.rbf_kernel(x, x, GAMMA)))
+  assert np.all(gap < 5 * standard_error + 1e-6)
+
+
+def test_frequencies_and_phases_have_the_bochner_distribution():
+  features = rff.sample_features(jax.random.key(1), 4, 20000, GAMMA)
+  omega = np.asarray(features.omega_DxF)
+  # Var ω = 2γ, with a relative standard error of √(2/n) ≈ 0.5%.
+  np.testing.assert_allclose(omega.var(axis=1), 2 * GAMMA, rtol=0.03)
+  phase = np.asarray(features.phase_F)
+  assert 0 <= phase.min() and phase.max() <= 2 * math.pi
+  np.testing.assert_allclose(phase.mean(), math.pi, rtol=0.03)
+  z = np.asarray(features(_data(3, 4)))
+  assert z.shape == (3, 20000) and np.all(np.abs(z) <= math.sqrt(2 / 20000) * (1 + 1e-6))
+
+
+def test_bad_arguments_are_rejected():
+  with pytest.raises(ValueError, match='gamma must be positive'):
+    rff.sample_features(jax.random.key(0), 3, 8, 0.0)
+  with pytest.raises(ValueError, match='num_features must be positive'):
+    rff.sample_features(jax.random.key(0), 3, 0, 1.0)
+  with pytest.raises(ValueError, match='gamma must be positive'):
+    rff.rbf_kernel(jnp.ones((1, 2)), jnp.ones((1, 2)), -1.0)
