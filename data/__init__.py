@@ -1,0 +1,5 @@
+"""Data sets, input pipelines, augmentation and tokenizers."""
+
+from data.datasets import info, load
+
+__all__ = ['info', 'load']

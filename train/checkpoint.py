@@ -9,6 +9,7 @@ saving leaves the previous checkpoints intact and the partial one is ignored.
 import os
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 
@@ -50,13 +51,19 @@ class Checkpointer:
     self.manager.close()
 
 
-def restore_params(workdir: str, step: int | None = None):
-  """The raw state tree of a checkpoint as host arrays, e.g. to compare or reuse params."""
-  manager = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), 'checkpoints'),
-                                  item_names=('state', 'data'))
-  step = manager.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f'No checkpoint found in {workdir!r}.')
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  manager.close()
-  return jax.tree.map(lambda x: jax.device_get(x), restored['state'])
+def restore_arrays(workdir: str, step: int | None = None) -> dict:
+  """The saved train state of `step` (the latest by default) as nested dicts of NumPy arrays.
+
+  Needs no model, config or devices matching the run that wrote it, e.g. to
+  compare two runs or to inspect parameters in a notebook.
+  """
+  directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+  steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(directory) else []
+  step = (steps[-1] if steps else None) if step is None else step
+  if step is None or step not in steps:
+    raise FileNotFoundError(f'No checkpoint of step {step} in {directory!r}; found steps {steps}.')
+  path = os.path.join(directory, str(step), 'state')
+  checkpointer = ocp.PyTreeCheckpointer()
+  tree = checkpointer.metadata(path).item_metadata.tree
+  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  return checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))

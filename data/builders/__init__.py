@@ -1,0 +1,1 @@
+"""TFDS builders of the data sets prepared on this machine, one module each."""

@@ -1,0 +1,279 @@
+"""`data.datasets.load` against independent references.
+
+References: direct calls of the published generators (mnist1d, scikit-learn),
+arrays written to temporary IDX/text files, the published sizes of the real
+files, and the TFDS catalog's split rule worked out by hand.
+
+Real files are read from $JAXLAB_SHARED_DATA, else `shared/data` beside the
+repository; those tests skip when the folder is absent.
+"""
+
+import collections
+import gzip
+import os
+import random
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from data import datasets
+from data.builders import fashion_mnist
+from data.builders import mnist1d
+from data.builders import tiny_shakespeare
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OFFLINE_LIMIT_S = 5.0
+
+
+@pytest.fixture(autouse=True)
+def no_outside_sources(monkeypatch):
+  """Only the folders a test passes are seen, whatever this machine holds."""
+  for var in (datasets.DATA_DIR_ENV_VAR, 'FASHION_MNIST_DIR', 'TINY_SHAKESPEARE_DIR'):
+    monkeypatch.delenv(var, raising=False)
+  monkeypatch.setattr(fashion_mnist.FashionMnist, 'SOURCE_DEFAULT_DIRS', ())
+
+
+def shared_folder(name: str) -> str:
+  root = os.environ.get('JAXLAB_SHARED_DATA') or os.path.join(REPO_ROOT, '..', 'shared', 'data')
+  folder = os.path.join(root, name)
+  if not os.path.isdir(folder):
+    pytest.skip(f'no local copy of {name} in {root}')
+  return folder
+
+
+def records(source) -> list[dict]:
+  return [source[i] for i in range(len(source))]
+
+
+def write_idx_gz(path, array: np.ndarray) -> None:
+  """Writes unsigned bytes in the IDX layout: magic 0x0000 0x08 ndim, big-endian sizes, data."""
+  header = struct.pack('>HBB', 0, 0x08, array.ndim) + struct.pack(f'>{array.ndim}I', *array.shape)
+  with gzip.open(path, 'wb') as f:
+    f.write(header + array.astype(np.uint8).tobytes())
+
+
+# mnist1d
+
+
+@pytest.fixture(scope='module')
+def mnist1d_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('mnist1d'))
+
+
+def test_mnist1d_equals_a_direct_call_of_the_generator(mnist1d_dir):
+  from mnist1d import data as mnist1d_data  # pylint: disable=g-import-not-at-top
+  train = datasets.load('mnist1d', 'train', data_dir=mnist1d_dir)
+  test = datasets.load('mnist1d', 'test', data_dir=mnist1d_dir)
+  reference = mnist1d_data.make_dataset(mnist1d_data.get_dataset_args())
+  for source, x, y in ((train, reference['x'], reference['y']),
+                       (test, reference['x_test'], reference['y_test'])):
+    assert len(source) == len(y)
+    got = records(source)
+    assert all(r['x'].dtype == np.float32 and r['x'].shape == (40,) for r in got)
+    np.testing.assert_array_equal(np.stack([r['x'] for r in got]), x.astype(np.float32))
+    np.testing.assert_array_equal([r['label'] for r in got], y)
+  assert (len(train), len(test)) == (4000, 1000)
+  assert datasets.info('mnist1d', data_dir=mnist1d_dir).features['label'].num_classes == 10
+
+
+def test_mnist1d_generator_leaves_the_global_generators_alone():
+  np.random.seed(123)
+  random.seed(123)
+  expected_next = (np.random.rand(), random.random())
+  np.random.seed(123)
+  random.seed(123)
+  mnist1d.generate()
+  assert (np.random.rand(), random.random()) == expected_next
+
+
+# digits
+
+
+def test_digits_split_is_a_stratified_partition_of_the_bundled_images(tmp_path):
+  from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
+  bunch = sk_datasets.load_digits()
+  train = records(datasets.load('digits', 'train', data_dir=tmp_path))
+  test = records(datasets.load('digits', 'test', data_dir=tmp_path))
+
+  assert (len(train), len(test)) == (1437, 360)
+  for r in train + test:
+    assert r['image'].dtype == np.uint8 and r['image'].shape == (8, 8, 1)
+    assert 0 <= r['image'].min() and r['image'].max() <= 16
+  # Brute-force recount: every bundled (image, label) appears exactly once.
+  bundled = collections.Counter((image.astype(np.uint8).tobytes(), int(label))
+                                for image, label in zip(bunch.images, bunch.target))
+  loaded = collections.Counter((r['image'].tobytes(), r['label']) for r in train + test)
+  assert loaded == bundled
+  class_sizes = np.bincount(bunch.target, minlength=10)
+  test_sizes = np.bincount([r['label'] for r in test], minlength=10)
+  assert np.all(np.abs(test_sizes - class_sizes * 360 / 1797) <= 1), test_sizes
+
+
+def test_digits_split_is_the_same_when_prepared_again(tmp_path):
+  first = records(datasets.load('digits', 'test', data_dir=tmp_path / 'a'))
+  second = records(datasets.load('digits', 'test', data_dir=tmp_path / 'b'))
+  assert [r['label'] for r in first] == [r['label'] for r in second]
+  np.testing.assert_array_equal(np.stack([r['image'] for r in first]),
+                                np.stack([r['image'] for r in second]))
+
+
+# tiny_shakespeare
+
+# 1,001 characters, two of them two bytes long in UTF-8, so a cut by bytes
+# would land elsewhere. The catalog's rule: train = int(0.9 * 1001) = 900
+# characters; of the 101 left, validation = int(0.5 * 101) = 50; test = 51.
+SYNTHETIC_TEXT = ('First Citizen:\nBefore we proceed any further.\n' * 30)[:999] + 'éè'
+SYNTHETIC_BOUNDS = {'train': (0, 900), 'validation': (900, 950), 'test': (950, 1001)}
+
+
+def test_split_rule_gives_the_published_sizes():
+  pieces = tiny_shakespeare.split_text('x' * 1_115_394)
+  assert {k: len(v) for k, v in pieces.items()} == {
+      'train': 1_003_854, 'validation': 55_770, 'test': 55_770}
+
+
+def test_tiny_shakespeare_synthetic_file_is_cut_by_characters(tmp_path):
+  assert len(SYNTHETIC_TEXT) == 1001
+  source = tmp_path / 'src'
+  source.mkdir()
+  (source / 'input.txt').write_bytes(SYNTHETIC_TEXT.encode('utf-8'))
+  for split, (start, stop) in SYNTHETIC_BOUNDS.items():
+    data = datasets.load('tiny_shakespeare', split, data_dir=tmp_path / 'tfds', source_dir=source)
+    assert len(data) == 1
+    assert data[0]['text'].decode('utf-8') == SYNTHETIC_TEXT[start:stop]
+
+
+def test_tiny_shakespeare_real_file(tmp_path, monkeypatch):
+  folder = shared_folder('tinyshakespeare')
+  monkeypatch.setenv('TINY_SHAKESPEARE_DIR', folder)
+  texts = {split: datasets.load('tiny_shakespeare', split, data_dir=tmp_path)[0]['text']
+           for split in ('train', 'validation', 'test')}
+  assert {k: len(v) for k, v in texts.items()} == {
+      'train': 1_003_854, 'validation': 55_770, 'test': 55_770}
+  with open(os.path.join(folder, 'input.txt'), 'rb') as f:
+    assert texts['train'] + texts['validation'] + texts['test'] == f.read()
+
+
+# fashion_mnist
+
+
+def test_fashion_mnist_synthetic_files(tmp_path):
+  rng = np.random.default_rng(0)
+  written = {}
+  for split, n in (('train', 7), ('test', 3)):
+    images_file, labels_file = fashion_mnist.SPLIT_FILES[split]
+    images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, n, dtype=np.uint8)
+    write_idx_gz(tmp_path / images_file, images)
+    write_idx_gz(tmp_path / labels_file, labels)
+    written[split] = images, labels
+
+  for split, (images, labels) in written.items():
+    got = records(datasets.load('fashion_mnist', split, data_dir=tmp_path / 'tfds',
+                                source_dir=tmp_path))
+    assert len(got) == len(labels)
+    assert all(r['image'].dtype == np.uint8 and r['image'].shape == (28, 28, 1) for r in got)
+    np.testing.assert_array_equal(np.stack([r['image'][..., 0] for r in got]), images)
+    assert [r['label'] for r in got] == labels.tolist()
+  label = datasets.info('fashion_mnist', data_dir=tmp_path / 'tfds').features['label']
+  assert label.num_classes == 10 and label.names[9] == 'Ankle boot'
+
+
+def test_fashion_mnist_real_files(tmp_path, monkeypatch):
+  monkeypatch.setenv('FASHION_MNIST_DIR', shared_folder('fashion-mnist'))
+  train = datasets.load('fashion_mnist', 'train', data_dir=tmp_path)
+  test = datasets.load('fashion_mnist', 'test', data_dir=tmp_path)
+  assert (len(train), len(test)) == (60_000, 10_000)
+  example = train[0]
+  assert example['image'].dtype == np.uint8 and example['image'].shape == (28, 28, 1)
+  # Fashion-MNIST is balanced: 6,000 train and 1,000 test images per class.
+  for source, per_class in ((train, 6000), (test, 1000)):
+    labels = [r['label'] for r in source.__getitems__(range(len(source)))]
+    assert np.bincount(labels).tolist() == [per_class] * 10
+
+
+# cache, errors
+
+
+def test_second_load_reads_the_cache(tmp_path):
+  source = tmp_path / 'src'
+  source.mkdir()
+  (source / 'input.txt').write_text(SYNTHETIC_TEXT, encoding='utf-8')
+  data_dir = tmp_path / 'tfds'
+  datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=source)
+  written = {p: p.stat().st_mtime_ns for p in data_dir.rglob('*') if p.is_file()}
+  assert any('array_record' in p.name for p in written)
+
+  (source / 'input.txt').unlink()  # a rebuild would now fail
+  again = datasets.load('tiny_shakespeare', 'validation', data_dir=data_dir)
+
+  assert again[0]['text'].decode('utf-8') == SYNTHETIC_TEXT[900:950]
+  assert {p: p.stat().st_mtime_ns for p in data_dir.rglob('*') if p.is_file()} == written
+
+
+def test_data_dir_comes_from_the_environment(tmp_path, monkeypatch):
+  monkeypatch.setenv(datasets.DATA_DIR_ENV_VAR, str(tmp_path))
+  assert len(datasets.load('digits', 'test')) == 360
+  assert (tmp_path / 'jaxlab_digits').is_dir()
+
+
+def assert_one_sentence(message: str, *parts: str) -> None:
+  assert '\n' not in message and message.endswith('.') and message.count('; ') <= 1, message
+  for part in parts:
+    assert part in message, (part, message)
+
+
+def test_missing_local_files_fail_fast_naming_what_to_set(tmp_path):
+  start = time.monotonic()
+  with pytest.raises(FileNotFoundError) as error:
+    datasets.load('fashion_mnist', 'train', data_dir=tmp_path)
+  assert time.monotonic() - start < OFFLINE_LIMIT_S
+  assert_one_sentence(str(error.value), "'fashion_mnist'", 'FASHION_MNIST_DIR', 'source_dir')
+
+  with pytest.raises(FileNotFoundError) as error:
+    datasets.load('tiny_shakespeare', 'test', data_dir=tmp_path, source_dir=tmp_path)
+  assert_one_sentence(str(error.value), "'tiny_shakespeare'", 'input.txt', 'TINY_SHAKESPEARE_DIR')
+
+
+def test_unreachable_catalog_data_set_fails_fast(tmp_path, monkeypatch):
+  monkeypatch.setattr(datasets, '_reachable', lambda hosts, timeout: False)
+  start = time.monotonic()
+  with pytest.raises(FileNotFoundError) as error:
+    datasets.load('mnist', 'train', data_dir=tmp_path)
+  assert time.monotonic() - start < OFFLINE_LIMIT_S
+  assert_one_sentence(str(error.value), "'mnist'", datasets.DATA_DIR_ENV_VAR, 'data_dir=')
+
+
+def test_catalog_data_set_on_this_machine_if_offline(tmp_path):
+  builder = datasets.make_builder('mnist', data_dir=tmp_path)
+  if datasets._reachable(datasets._download_hosts(builder), datasets.PROBE_TIMEOUT_S):
+    pytest.skip('the network is reachable: TFDS would download mnist')
+  start = time.monotonic()
+  with pytest.raises(FileNotFoundError, match="'mnist'"):
+    datasets.load('mnist', 'train', data_dir=tmp_path)
+  assert time.monotonic() - start < OFFLINE_LIMIT_S
+
+
+def test_probe_sees_a_listening_loopback_port_and_not_a_closed_one():
+  with socket.create_server(('127.0.0.1', 0)) as server:
+    port = server.getsockname()[1]
+    assert datasets._reachable([('127.0.0.1', port)], timeout=1.0)
+  start = time.monotonic()
+  assert not datasets._reachable([('127.0.0.1', port), ('localhost', port)], timeout=1.0)
+  assert time.monotonic() - start < 1.5
+
+
+def test_unknown_split_lists_the_splits_before_preparing(tmp_path):
+  with pytest.raises(ValueError) as error:
+    datasets.load('tiny_shakespeare', 'valid', data_dir=tmp_path)
+  assert_one_sentence(str(error.value), "'valid'", 'train, validation, test')
+  assert not (tmp_path / 'jaxlab_tiny_shakespeare').exists()
+
+
+def test_unknown_name(tmp_path):
+  with pytest.raises(ValueError) as error:
+    datasets.load('no_such_data_set', 'train', data_dir=tmp_path)
+  assert_one_sentence(str(error.value), "'no_such_data_set'", 'mnist1d')
