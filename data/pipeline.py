@@ -1,18 +1,61 @@
 """Deterministic grain input pipelines over random-access data sources.
 
 The train stream is an endless sequence of epochs, each a fresh seeded
-permutation of the source. Global batch `i` is the stream's elements
+permutation of the source's indices. Global batch `i` is the stream's elements
 `[i*G, (i+1)*G)`; in a run with `P` processes, process `p` reads the elements of
 that range whose position is `p` modulo `P`, so processes read disjoint parts
 of every global batch and together read exactly the global batch a
 single-process run reads. The iterator's state (one integer position) is saved
 in checkpoints, so a resumed run sees the batches an uninterrupted run would.
+
+Batches are read whole: the pipeline computes each batch's *indices* at once
+(epoch `e` is the permutation drawn from the seed sequence `(seed, e)`), gathers
+them with one call (`InMemorySource` fancy-indexes stacked arrays; TFDS sources
+answer `__getitems__`) and preprocesses the batch at once, so the per-example
+Python work is nil.
 """
 
+import functools
+import sys
 from typing import Callable
 
 import grain
 import numpy as np
+
+_CHUNK = 4096
+
+
+def _stack(records: list[dict]) -> dict:
+  return {key: np.stack([np.asarray(r[key]) for r in records]) for key in records[0]}
+
+
+def read_batch(source, indices: np.ndarray) -> dict:
+  """The records `indices` of `source` as a dict of stacked arrays."""
+  if isinstance(source, InMemorySource):
+    return source.gather(indices)
+  indices = [int(i) for i in indices]
+  if hasattr(source, '__getitems__'):
+    return _stack(source.__getitems__(indices))
+  return _stack([source[i] for i in indices])
+
+
+class InMemorySource:
+  """A data split held as stacked NumPy arrays, for data sets that fit in memory."""
+
+  def __init__(self, source):
+    chunks = [read_batch(source, np.arange(start, min(start + _CHUNK, len(source))))
+              for start in range(0, len(source), _CHUNK)]
+    self.arrays = {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
+    self._len = len(source)
+
+  def __len__(self) -> int:
+    return self._len
+
+  def __getitem__(self, index: int) -> dict:
+    return {key: value[index] for key, value in self.arrays.items()}
+
+  def gather(self, indices: np.ndarray) -> dict:
+    return {key: value[indices] for key, value in self.arrays.items()}
 
 
 def _check_batch(global_batch_size: int, process_count: int) -> int:
@@ -22,19 +65,33 @@ def _check_batch(global_batch_size: int, process_count: int) -> int:
   return global_batch_size // process_count
 
 
-def _stack(records: list[dict]) -> dict:
-  return {key: np.stack([r[key] for r in records]) for key in records[0]}
-
-
 def train_iterator(source, *, global_batch_size: int, seed: int,
                    preprocess: Callable[[dict], dict], process_index: int = 0,
                    process_count: int = 1, num_threads: int = 2,
                    prefetch: int = 8) -> grain.DatasetIterator:
-  """Endless iterator of this process's share of each shuffled global batch."""
-  local_batch_size = _check_batch(global_batch_size, process_count)
-  stream = grain.MapDataset.source(source).shuffle(seed=seed).repeat(None)
-  local = stream[process_index::process_count].map(preprocess)
-  batches = local.batch(local_batch_size, drop_remainder=True, batch_fn=_stack)
+  """Endless iterator of this process's share of each shuffled global batch.
+
+  `preprocess` maps a batch (dict of stacked arrays) to the model's batch.
+  """
+  _check_batch(global_batch_size, process_count)
+  size = len(source)
+
+  @functools.lru_cache(maxsize=4)
+  def permutation(epoch: int) -> np.ndarray:
+    return np.random.default_rng((seed, epoch)).permutation(size)
+
+  def local_indices(batch_number: int) -> np.ndarray:
+    positions = np.arange(batch_number * global_batch_size + process_index,
+                          (batch_number + 1) * global_batch_size, process_count)
+    epochs, offsets = np.divmod(positions, size)
+    indices = np.empty_like(positions)
+    for epoch in np.unique(epochs):  # a batch spans at most a few epochs
+      where = epochs == epoch
+      indices[where] = permutation(int(epoch))[offsets[where]]
+    return indices
+
+  batches = grain.MapDataset.range(sys.maxsize).map(
+      lambda b: preprocess(read_batch(source, local_indices(b))))
   options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
   return iter(batches.to_iter_dataset(options))
 
@@ -49,13 +106,12 @@ def eval_batches(source, *, global_batch_size: int, preprocess: Callable[[dict],
   local_batch_size = _check_batch(global_batch_size, process_count)
   size = len(source)
   padded = -(-size // global_batch_size) * global_batch_size
-  template = preprocess(source[0])
 
-  def record(index):
-    if index < size:
-      return {**preprocess(source[index]), 'mask': np.int32(1)}
-    return {**{k: np.zeros_like(v) for k, v in template.items()}, 'mask': np.int32(0)}
+  def read(indices):
+    mask = (indices < size).astype(np.int32)
+    # Padding rows repeat record 0 and are masked out of every metric.
+    return {**preprocess(read_batch(source, np.where(mask == 1, indices, 0))), 'mask': mask}
 
-  ds = grain.MapDataset.range(padded)[process_index::process_count].map(record)
-  ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=_stack)
+  ds = grain.MapDataset.range(padded)[process_index::process_count]
+  ds = ds.batch(local_batch_size, drop_remainder=True).map(read)
   return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4)))

@@ -47,12 +47,12 @@ def _check_positive(config, *names):
 
 
 def make_preprocess(data_config) -> Callable[[dict], dict]:
-  """Record -> {'input': float32, 'label': int32}, scaling the input by `input_scale`."""
+  """Batch of records -> {'input': float32, 'label': int32}, the input scaled by `input_scale`."""
   key, scale = data_config.input_key, np.float32(data_config.get('input_scale', 1.0))
 
-  def preprocess(record):
-    return {'input': np.asarray(record[key], np.float32) * scale,
-            'label': np.asarray(record['label'], np.int32)}
+  def preprocess(batch):
+    return {'input': np.asarray(batch[key], np.float32) * scale,
+            'label': np.asarray(batch['label'], np.int32)}
   return preprocess
 
 
@@ -176,8 +176,15 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                            **data_options)
   train_source = load(config.data.train_split)
   eval_source = load(config.data.eval_split)
+  if config.data.get('in_memory', True):
+    train_source = pipeline.InMemorySource(train_source)
+    eval_source = pipeline.InMemorySource(eval_source)
+  first = pipeline.read_batch(train_source, np.zeros(1, np.int64))
+  if config.data.input_key not in first:
+    raise ValueError(f'config.data.input_key={config.data.input_key!r} is not a feature of '
+                     f'{config.data.name!r}; its features are: {", ".join(sorted(first))}.')
   preprocess = make_preprocess(config.data)
-  example_input = preprocess(train_source[0])['input'][None]
+  example_input = preprocess(first)['input']
   init_fn = functools.partial(_init, model=model, tx=tx, example_input=example_input)
   return Run(config=config, workdir=workdir, parallel=par, model=model, task=task, tx=tx,
              learning_rate_fn=learning_rate_fn, init_fn=init_fn,

@@ -20,6 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.eval_split = 'test'
   config.data.input_key = 'image'
   config.data.input_scale = 1.0
+  # Hold each split in memory as stacked arrays (for data sets that fit).
+  config.data.in_memory = True
   # Where prepared data sets are cached (default: $JAXLAB_DATA_DIR or ~/tensorflow_datasets).
   config.data.data_dir = config_dict.placeholder(str)
 

@@ -10,8 +10,8 @@ def _source(n=50):
   return [{'x': np.float32(i), 'label': np.int64(i % 3)} for i in range(n)]
 
 
-def _preprocess(record):
-  return {'input': np.asarray(record['x'], np.float32), 'label': np.int32(record['label'])}
+def _preprocess(batch):
+  return {'input': np.asarray(batch['x'], np.float32), 'label': np.asarray(batch['label'], np.int32)}
 
 
 def _batches(iterator, n):
@@ -67,3 +67,15 @@ def test_batch_not_divisible_by_processes():
   with pytest.raises(ValueError, match='global batch size 10 must be a positive multiple of the process count 3'):
     pipeline.train_iterator(_source(), global_batch_size=10, seed=0, preprocess=_preprocess,
                             process_count=3)
+
+
+def test_in_memory_source_reads_the_same_records():
+  source = _source(30)
+  memory = pipeline.InMemorySource(source)
+  assert len(memory) == 30
+  indices = np.array([29, 0, 7, 7])
+  np.testing.assert_array_equal(memory.gather(indices)['x'], [29, 0, 7, 7])
+  np.testing.assert_array_equal(pipeline.read_batch(source, indices)['label'], [2, 0, 1, 1])
+  a = _batches(pipeline.train_iterator(source, global_batch_size=6, seed=4, preprocess=_preprocess), 8)
+  b = _batches(pipeline.train_iterator(memory, global_batch_size=6, seed=4, preprocess=_preprocess), 8)
+  assert a == b
