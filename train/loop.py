@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 import data as data_lib
+from data import augment as augment_lib
 from data import pipeline
 from models import registry
 from train import checkpoint, metrics as metrics_lib, optim, parallel as parallel_lib, step as step_lib
@@ -56,6 +57,20 @@ def make_preprocess(data_config) -> Callable[[dict], dict]:
   return preprocess
 
 
+def make_augment(spec, num_classes: int) -> Callable[[jax.Array, dict], dict]:
+  """`data.augment` stages as a train-step augmentation of {'input', 'label'} batches.
+
+  Labels become one-hot so that mixup and cutmix can mix them.
+  """
+  augment = augment_lib.build_augmentation(spec)
+
+  def apply(key, batch):
+    out = augment(key, {'image': batch['input'],
+                        'label': jax.nn.one_hot(batch['label'], num_classes)})
+    return {**batch, 'input': out['image'], 'label': out['label']}
+  return apply
+
+
 @dataclasses.dataclass
 class Run:
   """Everything one training run needs, built by `setup` without compiling."""
@@ -66,6 +81,7 @@ class Run:
   task: Callable
   tx: Any
   learning_rate_fn: Callable
+  augment: Callable | None
   init_fn: Callable
   rng: Any
   train_source: Any
@@ -106,7 +122,7 @@ class Run:
     total = config.num_train_steps
     train_step = par.compile_train_step(functools.partial(
         step_lib.train_step, model=self.model, task=self.task, tx=self.tx,
-        learning_rate_fn=self.learning_rate_fn), abstract)
+        learning_rate_fn=self.learning_rate_fn, augment=self.augment), abstract)
     eval_step = par.compile_eval_step(functools.partial(
         step_lib.eval_step, model=self.model, task=self.task), abstract)
     writer = metrics_lib.MetricWriter(self.workdir, total)
@@ -185,9 +201,17 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                      f'{config.data.name!r}; its features are: {", ".join(sorted(first))}.')
   preprocess = make_preprocess(config.data)
   example_input = preprocess(first)['input']
+  augment = None
+  if config.get('augment'):
+    num_classes = data_lib.info(config.data.name, data_dir=config.data.get('data_dir'),
+                                **data_options).features['label'].num_classes
+    augment = make_augment(config.augment, num_classes)
+    # Traces once, so a spec that does not fit the data stops here.
+    jax.eval_shape(augment, jax.random.PRNGKey(0), {'input': example_input,
+                                                    'label': np.zeros(1, np.int32)})
   init_fn = functools.partial(_init, model=model, tx=tx, example_input=example_input)
   return Run(config=config, workdir=workdir, parallel=par, model=model, task=task, tx=tx,
-             learning_rate_fn=learning_rate_fn, init_fn=init_fn,
+             learning_rate_fn=learning_rate_fn, augment=augment, init_fn=init_fn,
              rng=jax.random.PRNGKey(config.seed), train_source=train_source,
              eval_source=eval_source, preprocess=preprocess,
              checkpointer=checkpoint.Checkpointer(workdir, config.checkpoint_every_steps,

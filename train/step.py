@@ -21,12 +21,20 @@ def _mean_over_devices(tree, axis_name):
 
 def train_step(state: TrainState, batch: dict, *, model, task: Callable,
                tx: optax.GradientTransformation, learning_rate_fn: optax.Schedule,
+               augment: Callable | None = None,
                axis_name: str | None = None) -> tuple[TrainState, dict]:
-  """One optimiser step on `batch`; returns the new state and batch-mean metrics."""
+  """One optimiser step on `batch`; returns the new state and batch-mean metrics.
+
+  `augment(key, batch) -> batch`, if given, transforms the batch on the device
+  first. The step's randomness is `fold_in(state.rng, step)`: the model's
+  dropout key, and (folded once more) the augmentation key.
+  """
   step_rng = jax.random.fold_in(state.rng, state.step)
   if axis_name is not None:
-    # Each device draws its own dropout masks.
+    # Each device draws its own dropout masks and augmentations.
     step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
+  if augment is not None:
+    batch = augment(jax.random.fold_in(step_rng, 1), batch)
 
   def loss_fn(params):
     per_example, model_state = task(model, {'params': params, **state.model_state}, batch,

@@ -23,12 +23,20 @@ def _apply(model, variables, inputs, rng, train):
 
 
 def classification(model, variables, batch, rng, train, label_smoothing: float = 0.0):
-  """Softmax cross-entropy on integer labels; also reports accuracy."""
+  """Softmax cross-entropy; also reports accuracy.
+
+  Labels are integers [B], or distributions [B, C] (e.g. after mixup or cutmix,
+  where accuracy counts the most-weighted class).
+  """
   logits_BxC, model_state = _apply(model, variables, batch['input'], rng, train)
-  per_example = {
-      'loss': losses.cross_entropy(logits_BxC, batch['label'], label_smoothing=label_smoothing),
-      'accuracy': (jnp.argmax(logits_BxC, -1) == batch['label']).astype(jnp.float32),
-  }
+  labels = batch['label']
+  if labels.ndim == logits_BxC.ndim:
+    loss_B = losses.softmax_cross_entropy(logits_BxC, labels, label_smoothing=label_smoothing)
+    labels = jnp.argmax(labels, -1)
+  else:
+    loss_B = losses.cross_entropy(logits_BxC, labels, label_smoothing=label_smoothing)
+  per_example = {'loss': loss_B,
+                 'accuracy': (jnp.argmax(logits_BxC, -1) == labels).astype(jnp.float32)}
   return per_example, model_state
 
 

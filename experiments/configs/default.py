@@ -25,6 +25,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Where prepared data sets are cached (default: $JAXLAB_DATA_DIR or ~/tensorflow_datasets).
   config.data.data_dir = config_dict.placeholder(str)
 
+  # Augmentation stages applied to each train batch on the device, e.g.
+  # ({'name': 'random_crop', 'padding': 2}, {'name': 'mixup', 'alpha': 0.2});
+  # see data/augment.py for every transform and its parameters.
+  config.augment = ()
+
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = 'adamw'
   config.optimizer.learning_rate = 1e-3

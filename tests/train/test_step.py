@@ -72,3 +72,29 @@ def test_compiled_step_donates_the_state():
   new_state, _ = train_step(state, par.shard_batch(batch))
   assert all(x.is_deleted() for x in jax.tree.leaves(state.params))
   assert int(new_state.step) == 1
+
+
+def test_augmentation_runs_in_the_step_with_the_step_key():
+  """The step augments with fold_in(fold_in(rng, step), 1); mixup's soft labels reach the loss."""
+  from train import loop  # pylint: disable=g-import-not-at-top
+  model = MLP(features=(16, 3))
+  tx = optax.sgd(0.1)
+  state = init_train_state(model, tx, jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 1)))
+  state = state.replace(step=jnp.int32(7))
+  augment = loop.make_augment(({'name': 'horizontal_flip', 'p': 1.0}, {'name': 'mixup'}), 3)
+  rng = np.random.default_rng(1)
+  batch = {'input': rng.uniform(size=(8, 4, 4, 1)).astype(np.float32),
+           'label': rng.integers(0, 3, size=8).astype(np.int32)}
+  kwargs = dict(model=model, task=tasks.classification, tx=tx,
+                learning_rate_fn=optax.constant_schedule(0.1))
+  _, with_augment = jax.jit(functools.partial(step.train_step, augment=augment, **kwargs))(state, batch)
+  key = jax.random.fold_in(jax.random.fold_in(state.rng, 7), 1)
+  augmented = augment(key, batch)
+  assert augmented['label'].shape == (8, 3)
+  np.testing.assert_allclose(augmented['label'].sum(-1), 1.0, rtol=1e-6)
+  assert not np.allclose(augmented['input'], batch['input'])
+  _, by_hand = jax.jit(functools.partial(step.train_step, **kwargs))(state, augmented)
+  np.testing.assert_allclose(with_augment['loss'], by_hand['loss'], rtol=1e-6)
+  logits = model.apply({'params': state.params}, augmented['input'])
+  soft_ce = -(augmented['label'] * jax.nn.log_softmax(logits)).sum(-1).mean()
+  np.testing.assert_allclose(by_hand['loss'], soft_ce, rtol=1e-5)
