@@ -1,0 +1,442 @@
+"""Defining properties of the seed 003 augmentations in data/augment.py."""
+
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+import matplotlib.colors
+import ml_collections
+import numpy as np
+import pytest
+
+from data import augment
+
+
+def _rgb(seed=0, shape=(12, 12, 3), low=0.0, high=1.0):
+  return np.random.default_rng(seed).uniform(low, high, shape).astype(np.float32)
+
+
+def _shifted(image, dy, dx, fill=0.0):
+  """Brute-force reference: content moved by (dy, dx) pixels, vacated pixels filled."""
+  out = np.full_like(image, fill)
+  height, width = image.shape[:2]
+  for i in range(height):
+    for j in range(width):
+      if 0 <= i - dy < height and 0 <= j - dx < width:
+        out[i, j] = image[i - dy, j - dx]
+  return out
+
+
+def _keys(n, seed=0):
+  return jax.random.split(jax.random.key(seed), n)
+
+
+# Geometry.
+
+
+@pytest.mark.parametrize('name', ['horizontal_flip', 'vertical_flip'])
+def test_flipping_twice_is_identity_and_once_is_not(name):
+  image = _rgb()
+  flip = augment.TRANSFORMS[name].fn
+  once = flip(jax.random.key(0), image)
+  assert not np.allclose(once, image)
+  np.testing.assert_array_equal(flip(jax.random.key(1), once), image)
+
+
+def test_horizontal_flip_mirrors_columns():
+  image = _rgb(shape=(5, 7, 3))
+  flipped = np.asarray(augment.horizontal_flip(jax.random.key(0), image))
+  for j in range(7):
+    np.testing.assert_array_equal(flipped[:, j], image[:, 6 - j])
+
+
+def test_neutral_affine_parameters_are_identity():
+  image = _rgb(shape=(9, 14, 3))
+  np.testing.assert_allclose(
+      augment.warp_affine(image, degrees=0.0, shift_y=0.0, shift_x=0.0, scale=1.0,
+                          shear_degrees=0.0), image, atol=1e-6)
+
+
+@pytest.mark.parametrize('name, params', [
+    ('rotation', {'max_degrees': 0.0}),
+    ('translation', {'max_fraction': 0.0}),
+    ('zoom', {'scale': (1.0, 1.0)}),
+    ('affine', {'max_degrees': 0.0, 'max_fraction': 0.0, 'scale': (1.0, 1.0),
+                'max_shear_degrees': 0.0}),
+    ('random_crop', {'padding': 0}),
+    ('elastic', {'alpha': 0.0}),
+])
+def test_zero_magnitude_geometric_transforms_are_identity(name, params):
+  image = _rgb(shape=(10, 13, 3))
+  out = augment.TRANSFORMS[name].fn(jax.random.key(3), image, **params)
+  np.testing.assert_allclose(out, image, atol=1e-6)
+
+
+@pytest.mark.parametrize('degrees, quarter_turns', [(90, 1), (-90, -1), (180, 2), (270, 3)])
+def test_rotation_by_right_angles_equals_rot90(degrees, quarter_turns):
+  image = _rgb(shape=(11, 11, 3))
+  np.testing.assert_allclose(augment.warp_affine(image, degrees=degrees),
+                             np.rot90(image, quarter_turns), atol=1e-5)
+
+
+@pytest.mark.parametrize('dy, dx', [(2, -3), (-4, 0), (0, 5), (13, 1)])
+def test_integer_translation_equals_shift_with_zero_fill(dy, dx):
+  image = _rgb(shape=(12, 10, 3))
+  np.testing.assert_allclose(augment.warp_affine(image, shift_y=dy, shift_x=dx),
+                             _shifted(image, dy, dx), atol=1e-6)
+
+
+def test_affine_moves_a_linear_image_by_the_documented_map():
+  # Bilinear resampling reproduces a linear image exactly wherever the source lies inside.
+  height, width = 16, 20
+  rows, cols = np.meshgrid(np.arange(height), np.arange(width), indexing='ij')
+  linear = lambda r, c: 0.1 + 0.01 * r + 0.02 * c
+  image = linear(rows, cols)[..., None].astype(np.float32)
+  degrees, shear, scale, shift_y, shift_x = 30.0, 20.0, 1.3, 1.5, -2.0
+  theta, phi = np.deg2rad(degrees), np.deg2rad(shear)
+  forward = (np.array([[np.cos(theta), np.sin(theta)], [-np.sin(theta), np.cos(theta)]])
+             @ np.array([[1, np.tan(phi)], [0, 1]]) * scale)
+  centre = np.array([(width - 1) / 2, (height - 1) / 2])
+  out = np.asarray(augment.warp_affine(image, degrees=degrees, shear_degrees=shear, scale=scale,
+                                       shift_y=shift_y, shift_x=shift_x))
+  checked = 0
+  for i in range(height):
+    for j in range(width):
+      source_x, source_y = centre + np.linalg.solve(
+          forward, np.array([j, i]) - centre - np.array([shift_x, shift_y]))
+      if 0 <= source_y <= height - 1 and 0 <= source_x <= width - 1:
+        np.testing.assert_allclose(out[i, j, 0], linear(source_y, source_x), atol=1e-5)
+        checked += 1
+  assert checked > height * width // 3
+
+
+def test_random_crop_is_an_integer_shift_within_the_padding():
+  image = _rgb(shape=(8, 8, 1), low=0.1)
+  padding = 2
+  seen = set()
+  for key in _keys(12):
+    out = np.asarray(augment.random_crop(key, image, padding=padding))
+    shifts = range(-padding, padding + 1)
+    matches = [(dy, dx) for dy in shifts for dx in shifts
+               if np.array_equal(out, _shifted(image, dy, dx))]
+    assert len(matches) == 1
+    seen.add(matches[0])
+  assert len(seen) > 1
+
+
+def test_gaussian_smooth_of_an_impulse_is_a_unit_gaussian():
+  size, sigma = 41, 3.0
+  impulse = np.zeros((size, size), np.float32)
+  impulse[size // 2, size // 2] = 1
+  blurred = np.asarray(augment.gaussian_smooth(jnp.asarray(impulse), sigma))
+  np.testing.assert_allclose(blurred.sum(), 1.0, atol=1e-5)
+  offsets = np.arange(size) - size // 2
+  np.testing.assert_allclose((blurred.sum(axis=1) * offsets ** 2).sum(), sigma ** 2, rtol=1e-3)
+  np.testing.assert_allclose(blurred, blurred.T, atol=1e-7)
+
+
+def test_elastic_deformation_moves_pixels_and_keeps_range():
+  image = _rgb(shape=(28, 28, 1))
+  out = np.asarray(augment.elastic(jax.random.key(0), image, alpha=34.0, sigma=4.0))
+  assert np.abs(out - image).mean() > 0.05
+  assert out.min() >= 0 and out.max() <= 1
+
+
+# Cutout, erasing, mixing.
+
+
+def test_cutout_zeroes_exactly_its_box():
+  image = _rgb(shape=(16, 16, 3), low=0.1)
+  size, interior_boxes = 6, 0
+  for key in _keys(40):
+    out = np.asarray(augment.cutout(key, image, size=size))
+    zero = np.all(out == 0, axis=-1)
+    rows, cols = np.nonzero(zero)
+    box = np.zeros_like(zero)
+    box[rows.min():rows.max() + 1, cols.min():cols.max() + 1] = True
+    np.testing.assert_array_equal(zero, box)
+    np.testing.assert_array_equal(out[~box], image[~box])
+    height, width = rows.max() - rows.min() + 1, cols.max() - cols.min() + 1
+    assert height <= size and width <= size
+    if rows.min() > 0 and cols.min() > 0 and rows.max() < 15 and cols.max() < 15:
+      assert (height, width) == (size, size)
+      interior_boxes += 1
+  assert interior_boxes > 0
+
+
+def test_random_erasing_fills_exactly_its_box():
+  image = _rgb(shape=(20, 20, 3), low=0.6)
+  area = (0.05, 0.3)
+  smallest, largest = round(np.sqrt(area[0] * 400)), round(np.sqrt(area[1] * 400))
+  sides = set()
+  for key in _keys(30):
+    out = np.asarray(augment.random_erasing(key, image, area=area, aspect=(1.0, 1.0), fill=0.5))
+    erased = np.all(out == 0.5, axis=-1)
+    rows, cols = np.nonzero(erased)
+    box = np.zeros_like(erased)
+    box[rows.min():rows.max() + 1, cols.min():cols.max() + 1] = True
+    np.testing.assert_array_equal(erased, box)
+    np.testing.assert_array_equal(out[~box], image[~box])
+    side = rows.max() - rows.min() + 1
+    assert side == cols.max() - cols.min() + 1
+    assert smallest <= side <= largest
+    sides.add(side)
+  assert len(sides) > 1
+
+
+def test_random_erasing_with_texture_changes_only_a_rectangle():
+  image = _rgb(shape=(20, 20, 3))
+  out = np.asarray(augment.random_erasing(jax.random.key(5), image, area=(0.2, 0.2)))
+  changed = np.any(out != image, axis=-1)
+  rows, cols = np.nonzero(changed)
+  assert 0.15 * 400 <= changed.sum() <= 0.25 * 400
+  outside = np.ones_like(changed)
+  outside[rows.min():rows.max() + 1, cols.min():cols.max() + 1] = False
+  assert not changed[outside].any()
+
+
+def _partners(labels_BxK):
+  """Each example's partner index and its own label weight, read off one-hot mixes."""
+  partners, weights = [], []
+  for i, row in enumerate(labels_BxK):
+    others = [j for j in np.nonzero(row > 1e-6)[0] if j != i]
+    assert len(others) <= 1
+    partners.append(others[0] if others else i)
+    weights.append(row[i])
+  return partners, np.array(weights)
+
+
+def test_mixup_is_the_convex_combination_of_images_and_labels():
+  batch_size = 8
+  images = _rgb(shape=(batch_size, 6, 6, 3))
+  labels = np.eye(batch_size, dtype=np.float32)
+  augment_fn = jax.jit(augment.build_augmentation([('mixup', {'alpha': 1.0})]))
+  out = augment_fn(jax.random.key(0), {'image': images, 'label': labels})
+  out_labels = np.asarray(out['label'])
+  np.testing.assert_allclose(out_labels.sum(axis=1), 1, atol=1e-6)
+  partners, weights = _partners(out_labels)
+  for i, (j, weight) in enumerate(zip(partners, weights)):
+    np.testing.assert_allclose(out['image'][i], weight * images[i] + (1 - weight) * images[j],
+                               atol=1e-5)
+  assert all(j != i for i, j in enumerate(partners))
+  assert len(np.unique(np.round(weights, 4))) > batch_size // 2
+
+
+def test_cutmix_label_weight_is_the_pasted_area_fraction():
+  batch_size, size = 8, 10
+  values = (np.arange(batch_size) + 1) / (batch_size + 1)
+  images = np.broadcast_to(values[:, None, None, None], (batch_size, size, size, 1))
+  images = images.astype(np.float32)
+  labels = np.eye(batch_size, dtype=np.float32)
+  augment_fn = jax.jit(augment.build_augmentation([('cutmix', {'alpha': 1.0})]))
+  out = augment_fn(jax.random.key(1), {'image': images, 'label': labels})
+  out_images, out_labels = np.asarray(out['image']), np.asarray(out['label'])
+  np.testing.assert_allclose(out_labels.sum(axis=1), 1, atol=1e-6)
+  partners, _ = _partners(out_labels)
+  mixed = 0
+  for i, j in enumerate(partners):
+    pasted = np.isclose(out_images[i], values[j])
+    assert np.all(pasted | np.isclose(out_images[i], values[i]))
+    if j != i:
+      np.testing.assert_allclose(out_labels[i, j], pasted.mean(), atol=1e-6)
+      mixed += pasted.any()
+  assert mixed > 0
+
+
+# Colour.
+
+
+def test_grayscale_channels_equal_the_luma_formula():
+  image = _rgb(shape=(7, 9, 3))
+  out = np.asarray(augment.to_grayscale(image))
+  expected = 0.299 * image[..., 0] + 0.587 * image[..., 1] + 0.114 * image[..., 2]
+  for channel in range(3):
+    np.testing.assert_allclose(out[..., channel], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize('name', ['grayscale', 'saturation', 'hue'])
+def test_colour_transforms_are_identity_on_one_channel(name):
+  image = _rgb(shape=(7, 9, 1))
+  out = augment.TRANSFORMS[name].fn(jax.random.key(0), image)
+  np.testing.assert_allclose(out, image, atol=1e-6)
+
+
+def test_colour_transforms_reject_two_channels():
+  with pytest.raises(ValueError, match='1 or 3 channels; got 2'):
+    augment.to_grayscale(jnp.zeros((4, 4, 2)))
+
+
+def test_brightness_multiplies_by_a_factor_in_range():
+  image = _rgb(shape=(8, 8, 3), low=0.05, high=0.7)
+  np.testing.assert_allclose(augment.adjust_brightness(image, 1.3), np.clip(image * 1.3, 0, 1),
+                             atol=1e-6)
+  factors = []
+  for key in _keys(10):
+    ratio = np.asarray(augment.brightness(key, image, max_delta=0.3)) / image
+    np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-5)
+    factors.append(ratio.flat[0])
+  assert 0.7 <= min(factors) < max(factors) <= 1.3
+
+
+@pytest.mark.parametrize('factor', [0.0, 0.5, 1.7])
+def test_contrast_scales_distances_from_mean_luma(factor):
+  image = _rgb(shape=(8, 8, 3))
+  mean = (0.299 * image[..., 0] + 0.587 * image[..., 1] + 0.114 * image[..., 2]).mean()
+  np.testing.assert_allclose(augment.adjust_contrast(image, factor),
+                             np.clip(mean + factor * (image - mean), 0, 1), atol=1e-6)
+
+
+@pytest.mark.parametrize('factor', [0.0, 0.5, 1.7])
+def test_saturation_scales_distances_from_pixel_luma(factor):
+  image = _rgb(shape=(8, 8, 3))
+  gray = (0.299 * image[..., 0] + 0.587 * image[..., 1] + 0.114 * image[..., 2])[..., None]
+  np.testing.assert_allclose(augment.adjust_saturation(image, factor),
+                             np.clip(gray + factor * (image - gray), 0, 1), atol=1e-6)
+
+
+def test_hsv_conversion_matches_matplotlib_and_round_trips():
+  image = _rgb(shape=(16, 16, 3))
+  image[0, :4] = [[0, 0, 0], [1, 1, 1], [0.5, 0.5, 0.5], [1, 0, 0]]
+  hsv = np.asarray(augment.rgb_to_hsv(image))
+  np.testing.assert_allclose(hsv, matplotlib.colors.rgb_to_hsv(image), atol=1e-6)
+  np.testing.assert_allclose(augment.hsv_to_rgb(hsv), image, atol=1e-6)
+
+
+@pytest.mark.parametrize('delta', [0.0, 1.0, -1.0])
+def test_hue_shift_by_whole_turns_is_identity(delta):
+  image = _rgb(shape=(10, 10, 3))
+  np.testing.assert_allclose(augment.adjust_hue(image, delta), image, atol=1e-5)
+
+
+@pytest.mark.parametrize('delta', [0.25, -0.4])
+def test_hue_shift_matches_matplotlib_hsv(delta):
+  image = _rgb(shape=(10, 10, 3))
+  hsv = matplotlib.colors.rgb_to_hsv(image)
+  hsv[..., 0] = (hsv[..., 0] + delta) % 1
+  np.testing.assert_allclose(augment.adjust_hue(image, delta),
+                             matplotlib.colors.hsv_to_rgb(hsv), atol=1e-5)
+
+
+def test_color_jitter_with_zero_strengths_is_identity():
+  image = _rgb(shape=(6, 6, 3))
+  out = augment.color_jitter(jax.random.key(0), image, brightness=0.0, contrast=0.0,
+                             saturation=0.0, hue=0.0)
+  np.testing.assert_allclose(out, image, atol=1e-5)
+
+
+# Noise.
+
+
+def test_salt_and_pepper_fraction_matches_amount():
+  image = np.full((128, 128, 3), 0.5, np.float32)
+  amount = 0.1
+  out = np.asarray(augment.salt_and_pepper(jax.random.key(0), image, amount=amount))
+  hit = np.any(out != 0.5, axis=-1)
+  assert np.all(out[hit] == out[hit][:, :1]) and np.all(np.isin(out[hit], [0.0, 1.0]))
+  n = hit.size
+  assert abs(hit.sum() - amount * n) < 4 * np.sqrt(n * amount * (1 - amount))
+  salt = out[hit][:, 0] == 1
+  assert abs(salt.sum() - 0.5 * hit.sum()) < 4 * np.sqrt(hit.sum() * 0.25)
+
+
+def test_gaussian_noise_has_the_requested_std():
+  image = np.full((128, 128, 1), 0.5, np.float32)
+  std = 0.05
+  noise = np.asarray(augment.gaussian_noise(jax.random.key(0), image, std=std)) - 0.5
+  n = noise.size
+  assert abs(noise.mean()) < 4 * std / np.sqrt(n)
+  assert abs(noise.std() - std) < 4 * std / np.sqrt(2 * n)
+
+
+# Batching, keys, jit and configuration.
+
+
+_PER_EXAMPLE = [name for name, t in augment.TRANSFORMS.items() if not t.mixes_batch]
+
+
+@pytest.mark.parametrize('name', _PER_EXAMPLE)
+def test_per_example_keys_under_jit(name):
+  transform = augment.TRANSFORMS[name]
+  images = np.broadcast_to(_rgb(shape=(12, 12, 3), low=0.1, high=0.9), (16, 12, 12, 3))
+  apply = jax.jit(functools.partial(augment.apply_per_example, transform.fn, p=transform.p))
+  different = np.asarray(apply(_keys(16), images))
+  same = np.asarray(apply(jnp.stack([jax.random.key(7)] * 16), images))
+  assert len({example.tobytes() for example in different}) > 1
+  assert len({example.tobytes() for example in same}) == 1
+
+
+@pytest.mark.parametrize('name', ['rotation', 'mixup'])
+def test_probability_keeps_each_example_or_transforms_it_as_with_p_one(name):
+  batch = {'image': _rgb(shape=(16, 8, 8, 3)), 'label': np.eye(16, dtype=np.float32)}
+  key = jax.random.key(0)
+  always = augment.build_augmentation([(name, {'p': 1.0})])(key, batch)
+  sometimes = augment.build_augmentation([(name, {'p': 0.5})])(key, batch)
+  never = augment.build_augmentation([(name, {'p': 0.0})])(key, batch)
+  kept = 0
+  for i in range(16):
+    for field in ('image', 'label'):
+      np.testing.assert_array_equal(never[field][i], batch[field][i])
+    if np.array_equal(sometimes['image'][i], batch['image'][i]):
+      np.testing.assert_array_equal(sometimes['label'][i], batch['label'][i])
+      kept += 1
+    else:
+      np.testing.assert_allclose(sometimes['image'][i], always['image'][i], atol=1e-6)
+      np.testing.assert_allclose(sometimes['label'][i], always['label'][i], atol=1e-6)
+  assert 0 < kept < 16
+
+
+def test_flip_probability_matches_p():
+  batch_size, p = 400, 0.3
+  images = np.broadcast_to(_rgb(shape=(3, 4, 1)), (batch_size, 3, 4, 1))
+  out = augment.build_augmentation([('horizontal_flip', {'p': p})])(
+      jax.random.key(0), {'image': images})
+  flipped = sum(not np.array_equal(example, images[0]) for example in np.asarray(out['image']))
+  assert abs(flipped - p * batch_size) < 4 * np.sqrt(batch_size * p * (1 - p))
+
+
+def test_pipeline_keeps_other_entries_and_config_forms_agree():
+  batch = {'image': _rgb(shape=(4, 8, 8, 3)), 'label': np.eye(4, dtype=np.float32),
+           'index': np.arange(4)}
+  stages = [('rotation', {'max_degrees': 20.0}), ('cutout', {'size': 3, 'p': 0.5})]
+  config = ml_collections.ConfigDict({'augmentation': [
+      ml_collections.ConfigDict({'name': 'rotation', 'max_degrees': 20.0}),
+      {'name': 'cutout', 'size': 3, 'p': 0.5}]})
+  key = jax.random.key(4)
+  from_pairs = augment.build_augmentation(stages)(key, batch)
+  from_config = jax.jit(augment.build_augmentation(config.augmentation))(key, batch)
+  np.testing.assert_allclose(from_pairs['image'], from_config['image'], atol=1e-6)
+  np.testing.assert_array_equal(from_config['index'], batch['index'])
+  assert not np.allclose(from_pairs['image'], batch['image'])
+
+
+def test_registered_parameters_match_the_functions():
+  for name, transform in augment.TRANSFORMS.items():
+    signature = inspect.signature(transform.fn).parameters
+    assert set(list(signature)[3 if transform.mixes_batch else 2:]) == set(transform.params), name
+
+
+@pytest.mark.parametrize('spec, message', [
+    (['blur'], "Unknown augmentation 'blur'; allowed: horizontal_flip, vertical_flip, rotation"),
+    ([('rotation', {'degrees': 3})],
+     "Unknown parameter 'degrees' .* allowed: max_degrees, fill, p"),
+    ([('rotation', {'max_degrees': -1})], r'max_degrees=-1; it must be a number >= 0'),
+    ([('zoom', {'scale': (1.2, 0.8)})], r'scale=\(1.2, 0.8\); it must be a pair'),
+    ([('cutout', {'p': 1.5})], r'p=1.5; it must be a number in \[0, 1\]'),
+    ([('random_erasing', {'fill': 'blue'})], "fill='blue'; it must be 'random' or a number"),
+    ([('mixup', {'alpha': 0})], r'alpha=0; it must be a number > 0'),
+    ([42], 'must be a name, a \\(name, params\\) pair or a mapping'),
+    ('rotation', 'must be a sequence of stages'),
+])
+def test_bad_specs_raise_clear_errors(spec, message):
+  with pytest.raises(ValueError, match=message):
+    augment.build_augmentation(spec)
+
+
+def test_bad_batches_raise_clear_errors():
+  key = jax.random.key(0)
+  images = _rgb(shape=(2, 4, 4, 3))
+  with pytest.raises(ValueError, match=r'mixup needs float one-hot or soft labels .* got \(2,\)'):
+    augment.build_augmentation(['mixup'])(key, {'image': images, 'label': np.arange(2)})
+  with pytest.raises(ValueError, match='float images of shape'):
+    augment.build_augmentation(['rotation'])(key, {'image': np.zeros((2, 4, 4, 3), np.uint8)})
