@@ -24,6 +24,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.in_memory = True
   # Where prepared data sets are cached (default: $JAXLAB_DATA_DIR or ~/tensorflow_datasets).
   config.data.data_dir = config_dict.placeholder(str)
+  # Passed to data.load: e.g. source_dir for fashion_mnist, builder arguments for TFDS.
+  config.data.options = ml_collections.ConfigDict()
 
   # Augmentation stages applied to each train batch on the device, e.g.
   # ({'name': 'random_crop', 'padding': 2}, {'name': 'mixup', 'alpha': 0.2});
