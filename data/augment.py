@@ -469,8 +469,6 @@ def _pair(low=-math.inf, high=math.inf, *, open_low=False):
 
 _NON_NEGATIVE_INT = ((lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)
                       and v >= 0), 'an integer >= 0')
-_POSITIVE_INT = ((lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                  and v > 0), 'an integer > 0')
 _FILL = _number(0, 1)
 _ERASE_FILL = ((lambda v: v == 'random' or _FILL[0](v)), "'random' or a number in [0, 1]")
 _PROBABILITY = _number(0, 1)

@@ -1,0 +1,302 @@
+"""Tokenizers of seed 003 against its BPE worked example and brute-force references."""
+
+import collections
+import json
+import random
+
+import hypothesis
+from hypothesis import strategies as st
+import pytest
+import regex
+
+from data import tokenizers
+
+SEED_WORDS = {'hug': 10, 'pug': 5, 'pun': 12, 'bun': 4, 'hugs': 5}
+
+CORPUS = """\
+The quick brown fox jumps over the lazy dog; the dog sleeps, the fox runs.
+Thou art more lovely and more temperate: rough winds do shake the darling buds.
+It's 2024 and we've 3 cats, 12 dogs -- they'll all say 'hello' twice!!
+Naïve café owners serve crème brûlée; 東京 と 大阪 は 日本 の 都市 です。
+Emoji: 🙂🙂 👍🏽 🎉 — and tabs\tand  double  spaces\n\nnew lines.
+""" * 3
+
+
+def _naive_bpe(word_counts, base_vocab, num_merges):
+  """Reference trainer: recounts every pair before each merge."""
+  segments = {word: tuple(word) for word in word_counts}
+  vocab, merges = list(base_vocab), []
+  for _ in range(num_merges):
+    counts = collections.Counter()
+    for word, symbols in segments.items():
+      for pair in zip(symbols, symbols[1:]):
+        counts[pair] += word_counts[word]
+    if not counts:
+      break
+    best = min(counts, key=lambda pair: (-counts[pair], pair))
+    merges.append(best)
+    if best[0] + best[1] not in vocab:
+      vocab.append(best[0] + best[1])
+    segments = {word: _merge_all(symbols, best) for word, symbols in segments.items()}
+  return vocab, merges, segments
+
+
+def _merge_all(symbols, pair):
+  """Merges non-overlapping occurrences of `pair`, left to right."""
+  merged, i = [], 0
+  while i < len(symbols):
+    if tuple(symbols[i:i + 2]) == pair:
+      merged.append(pair[0] + pair[1])
+      i += 2
+    else:
+      merged.append(symbols[i])
+      i += 1
+  return tuple(merged)
+
+
+def _reference_encode(tokenizer, text):
+  """Applies every merge in order to each pre-token, as the file format documents."""
+  alphabet = tokenizers.byte_to_unicode()
+  index = {token: i for i, token in enumerate(tokenizer.vocab)}
+  ids = []
+  for piece in regex.findall(tokenizers.GPT2_PATTERN, text):
+    symbols = tuple(alphabet[b] for b in piece.encode('utf-8'))
+    for merge in tokenizer.merges:
+      symbols = _merge_all(symbols, merge)
+    ids.extend(index[s] for s in symbols)
+  return ids
+
+
+@pytest.fixture(scope='module')
+def bpe():
+  return tokenizers.ByteBPETokenizer.train(CORPUS, vocab_size=350)
+
+
+# Seed 003's worked example.
+
+
+def _segmented_table(result):
+  """The seed's table: each word's current segmentation with the word's frequency."""
+  return {result.segments[word]: count for word, count in SEED_WORDS.items()}
+
+
+def test_seed_example_base_vocabulary():
+  assert tokenizers.char_bpe(SEED_WORDS, 0).vocab == ['b', 'g', 'h', 'n', 'p', 's', 'u']
+
+
+def test_seed_example_first_pair_table():
+  counts = tokenizers.count_pairs(_segmented_table(tokenizers.char_bpe(SEED_WORDS, 0)))
+  assert counts.most_common(5) == [(('u', 'g'), 20), (('p', 'u'), 17), (('u', 'n'), 16),
+                                   (('h', 'u'), 15), (('g', 's'), 5)]
+
+
+def test_seed_example_second_pair_table():
+  result = tokenizers.char_bpe(SEED_WORDS, 1)
+  assert result.segments == {'hug': ('h', 'ug'), 'pug': ('p', 'ug'), 'pun': ('p', 'u', 'n'),
+                             'bun': ('b', 'u', 'n'), 'hugs': ('h', 'ug', 's')}
+  top = tokenizers.count_pairs(_segmented_table(result)).most_common(5)
+  assert top[:3] == [(('u', 'n'), 16), (('h', 'ug'), 15), (('p', 'u'), 12)]
+  assert set(top[3:]) == {(('p', 'ug'), 5), (('ug', 's'), 5)}
+
+
+def test_seed_example_final_merges_vocabulary_and_segmentation():
+  result = tokenizers.char_bpe(SEED_WORDS, 3)
+  assert result.merges == [('u', 'g'), ('u', 'n'), ('h', 'ug')]
+  assert result.vocab == ['b', 'g', 'h', 'n', 'p', 's', 'u', 'ug', 'un', 'hug']
+  assert result.segments == {'hug': ('hug',), 'pug': ('p', 'ug'), 'pun': ('p', 'un'),
+                             'bun': ('b', 'un'), 'hugs': ('hug', 's')}
+
+
+# The incremental trainer against full recounting.
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_learn_bpe_matches_naive_recounting(seed):
+  rng = random.Random(seed)
+  words = {''.join(rng.choice('abc') for _ in range(rng.randint(1, 9))): rng.randint(1, 5)
+           for _ in range(40)}
+  expected_vocab, expected_merges, expected_segments = _naive_bpe(words, 'abc', 25)
+  result = tokenizers.learn_bpe(words, 'abc', num_merges=25)
+  assert result.merges == expected_merges
+  assert result.vocab == expected_vocab
+  assert result.segments == expected_segments
+
+
+def test_learn_bpe_stops_at_vocab_size_or_when_no_pair_is_left():
+  assert len(tokenizers.learn_bpe(SEED_WORDS, 'bghnpsu', vocab_size=9).vocab) == 9
+  result = tokenizers.learn_bpe({'ab': 3}, 'ab', vocab_size=10)
+  assert result.merges == [('a', 'b')] and result.segments == {'ab': ('ab',)}
+
+
+def test_learn_bpe_rejects_bad_arguments():
+  with pytest.raises(ValueError, match="symbol 'z' outside the base vocabulary"):
+    tokenizers.learn_bpe({'az': 1}, 'a', num_merges=1)
+  with pytest.raises(ValueError, match='vocab_size=100 is smaller than the base vocabulary of 256'):
+    tokenizers.ByteBPETokenizer.train('abc', vocab_size=100)
+
+
+# Byte-level BPE.
+
+
+def test_gpt2_byte_alphabet_facts():
+  alphabet = tokenizers.byte_to_unicode()
+  assert len(set(alphabet)) == 256 and all(c.isprintable() for c in alphabet)
+  assert alphabet[ord('A')] == 'A' and alphabet[ord('~')] == '~' and alphabet[0xE9] == 'é'
+  assert alphabet[0] == '\u0100' and alphabet[ord(' ')] == 'Ġ' and alphabet[ord('\n')] == 'Ċ'
+  assert alphabet[0xAD] == '\u0143'
+
+
+def test_gpt2_pretokenisation():
+  assert regex.findall(tokenizers.GPT2_PATTERN, "Hello world's 123  !!\n\nok") == [
+      'Hello', ' world', "'s", ' 123', ' ', ' !!', '\n', '\n', 'ok']
+
+
+def test_trained_vocabulary_has_the_requested_size_and_is_built_from_merges(bpe):
+  assert bpe.vocab_size == 350
+  assert bpe.vocab[:256] == tokenizers.byte_to_unicode()
+  assert set(bpe.vocab[256:]) <= {left + right for left, right in bpe.merges}
+
+
+def test_encode_applies_merges_in_order(bpe):
+  for text in [CORPUS, 'the fox\'s 東京 café 🙂 jumps', 'unseen wordsmithery 99']:
+    assert bpe.encode(text) == _reference_encode(bpe, text)
+
+
+def test_encode_reproduces_the_segmentation_training_ended_with(bpe):
+  alphabet = tokenizers.byte_to_unicode()
+  words = collections.Counter(regex.findall(tokenizers.GPT2_PATTERN, CORPUS))
+  learnt = tokenizers.learn_bpe(
+      {tuple(alphabet[b] for b in word.encode('utf-8')): n for word, n in words.items()},
+      alphabet, vocab_size=350)
+  assert learnt.merges == bpe.merges
+  for word in words:
+    symbols = learnt.segments[tuple(alphabet[b] for b in word.encode('utf-8'))]
+    assert [bpe.vocab[i] for i in bpe.encode(word)] == list(symbols)
+
+
+def test_encode_does_not_reopen_merges_passed_before_a_token_is_rebuilt():
+  # 'aa' + 'a' rebuilds 'aaa' at rank 3, after ('aa', 'aaa') had its turn at rank 2.
+  tokenizer = tokenizers.ByteBPETokenizer([('a', 'a'), ('a', 'aa'), ('aa', 'aaa'), ('aa', 'a')])
+  assert tokenizer.vocab[256:] == ['aa', 'aaa', 'aaaaa']
+  assert tokenizer.encode('aaaaa') == _reference_encode(tokenizer, 'aaaaa') == [256, 257]
+
+
+@pytest.mark.parametrize('seed', range(10))
+def test_encode_applies_arbitrary_merge_lists_in_order(seed):
+  # Random merge lists rebuild existing tokens and repeat pairs, which learnt ones rarely do.
+  rng = random.Random(seed)
+  tokens, merges = ['a', 'b'], []
+  for _ in range(30):
+    merge = (rng.choice(tokens[-6:] + ['a', 'b']), rng.choice(tokens[-6:] + ['a', 'b']))
+    merges.append(merge)
+    if merge[0] + merge[1] not in tokens:
+      tokens.append(merge[0] + merge[1])
+  tokenizer = tokenizers.ByteBPETokenizer(merges)
+  assert len(set(tokenizer.vocab)) == tokenizer.vocab_size
+  for _ in range(30):
+    text = ''.join(rng.choice('ab') for _ in range(rng.randint(0, 30)))
+    assert tokenizer.encode(text) == _reference_encode(tokenizer, text)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_encoding_compresses_the_training_text(bpe):
+  assert len(bpe.encode(CORPUS)) < 0.6 * len(CORPUS.encode('utf-8'))
+
+
+@hypothesis.given(st.text())
+@hypothesis.example('')
+@hypothesis.example('👩‍👩‍👧 naïve 日本語\r\n\t  x')
+def test_byte_bpe_round_trips_any_text(bpe, text):
+  assert bpe.decode(bpe.encode(text)) == text
+
+
+def test_byte_bpe_decode_rejects_unknown_ids(bpe):
+  with pytest.raises(ValueError, match=r'Token 350 at position 1 is not an id in \[0, 350\)'):
+    bpe.decode([1, 350])
+
+
+# Character-level.
+
+
+def test_char_vocabulary_is_the_sorted_corpus_characters():
+  tokenizer = tokenizers.CharTokenizer.from_corpus('hello, world')
+  assert tokenizer.vocab == [' ', ',', 'd', 'e', 'h', 'l', 'o', 'r', 'w']
+  assert tokenizer.encode('low') == [5, 6, 8]
+
+
+_CHAR = tokenizers.CharTokenizer.from_corpus(CORPUS)
+
+
+@hypothesis.given(st.text(alphabet=_CHAR.vocab))
+@hypothesis.example('')
+def test_char_round_trips_text_over_its_vocabulary(text):
+  ids = _CHAR.encode(text)
+  assert len(ids) == len(text)
+  assert _CHAR.decode(ids) == text
+
+
+def test_char_rejects_unknown_characters():
+  with pytest.raises(ValueError, match=r"Character 'Z' at position 4 is not in the vocabulary"):
+    _CHAR.encode('the Zebra')
+
+
+# Files.
+
+
+def test_save_load_round_trip_gives_identical_encodings(bpe, tmp_path):
+  sample = CORPUS + 'unseen: ☃ 𝄞 Ω'
+  bpe.save(tmp_path / 'bpe.json')
+  loaded = tokenizers.load(tmp_path / 'bpe.json')
+  assert isinstance(loaded, tokenizers.ByteBPETokenizer)
+  assert loaded.vocab == bpe.vocab and loaded.merges == bpe.merges
+  assert loaded.encode(sample) == bpe.encode(sample)
+  _CHAR.save(tmp_path / 'char.json')
+  loaded_char = tokenizers.CharTokenizer.load(tmp_path / 'char.json')
+  assert loaded_char.encode(CORPUS) == _CHAR.encode(CORPUS)
+
+
+def test_saved_file_has_the_documented_fields(bpe, tmp_path):
+  bpe.save(tmp_path / 'bpe.json')
+  payload = json.loads((tmp_path / 'bpe.json').read_text(encoding='utf-8'))
+  assert payload['format'] == 'jaxlab-tokenizer' and payload['version'] == 1
+  assert payload['type'] == 'byte_bpe' and payload['pattern'] == tokenizers.GPT2_PATTERN
+  assert payload['vocab'] == bpe.vocab and payload['merges'] == [list(m) for m in bpe.merges]
+
+
+def _corrupt(payload, **changes):
+  return json.dumps(dict(payload, **changes))
+
+
+@pytest.mark.parametrize('make_text, message', [
+    (lambda text, payload: text[:len(text) // 2], 'not UTF-8 JSON'),
+    (lambda text, payload: '{"format": ', 'not UTF-8 JSON'),
+    (lambda text, payload: '[1, 2]', "format is 'list'"),
+    (lambda text, payload: _corrupt(payload, format='gpt2'), "format is 'gpt2'"),
+    (lambda text, payload: _corrupt(payload, version=2), 'version is 2; only 1 is read'),
+    (lambda text, payload: _corrupt(payload, type='wordpiece'), "type is 'wordpiece'"),
+    (lambda text, payload: _corrupt(payload, vocab=payload['vocab'][:-1]), '"vocab" is not'),
+    (lambda text, payload: _corrupt(payload, vocab=payload['vocab'] + ['a']), 'distinct'),
+    (lambda text, payload: _corrupt(payload, merges=[['zz', 'q']]), 'uses a token not made'),
+    (lambda text, payload: _corrupt(payload, merges=[['a']]), 'string pairs'),
+    (lambda text, payload: _corrupt(payload, pattern='(unclosed'), 'invalid'),
+])
+def test_bad_files_raise_value_errors_naming_the_file(bpe, tmp_path, make_text, message):
+  good = tmp_path / 'good.json'
+  bpe.save(good)
+  text = good.read_text(encoding='utf-8')
+  bad = tmp_path / 'bad.json'
+  bad.write_text(make_text(text, json.loads(text)), encoding='utf-8')
+  with pytest.raises(ValueError, match=message) as error:
+    tokenizers.load(bad)
+  assert str(bad) in str(error.value)
+
+
+def test_loading_the_wrong_kind_or_non_utf8_names_the_file(tmp_path):
+  path = tmp_path / 'char.json'
+  _CHAR.save(path)
+  with pytest.raises(ValueError, match=f"{path}.* type is 'char'; expected byte_bpe"):
+    tokenizers.ByteBPETokenizer.load(path)
+  binary = tmp_path / 'binary.json'
+  binary.write_bytes(b'\xff\xfe\x00garbage')
+  with pytest.raises(ValueError, match=f'{binary}.* not UTF-8 JSON'):
+    tokenizers.load(binary)

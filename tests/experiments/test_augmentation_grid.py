@@ -1,0 +1,71 @@
+"""The augmentation grid covers every transform and draws the images it reads."""
+
+import gzip
+import struct
+
+import matplotlib.colors
+import matplotlib.image
+import numpy as np
+import pytest
+
+from data import augment
+from experiments import augmentation_grid
+
+
+def _write_idx_gz(path, array_uint8):
+  header = bytes([0, 0, 0x08, array_uint8.ndim]) + struct.pack(
+      f'>{array_uint8.ndim}I', *array_uint8.shape)
+  path.write_bytes(gzip.compress(header + array_uint8.tobytes()))
+
+
+@pytest.fixture
+def fashion_dir(tmp_path):
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, (5, 12, 12), dtype=np.uint8)
+  labels = np.array([3, 0, 9, 3, 7], np.uint8)
+  _write_idx_gz(tmp_path / 'train-images-idx3-ubyte.gz', images)
+  _write_idx_gz(tmp_path / 'train-labels-idx1-ubyte.gz', labels)
+  return tmp_path, images, labels
+
+
+def test_grid_has_one_valid_row_per_registered_transform():
+  names = [name for name, _ in augmentation_grid.GRID]
+  assert sorted(names) == sorted(augment.TRANSFORMS)
+  augment.build_augmentation(augmentation_grid.GRID)  # Checks every stage's parameters.
+
+
+def test_load_images_scales_the_first_images(fashion_dir):
+  directory, images, labels = fashion_dir
+  loaded, classes = augmentation_grid.load_images(str(directory), 3)
+  np.testing.assert_allclose(loaded[..., 0], images[:3] / 255, atol=1e-7)
+  np.testing.assert_array_equal(classes, labels[:3])
+  with pytest.raises(ValueError, match=r'num_images=6 must be in \[1, 5\]'):
+    augmentation_grid.load_images(str(directory), 6)
+
+
+def test_make_grid_draws_the_tinted_inputs_and_their_augmentations(fashion_dir, tmp_path,
+                                                                   monkeypatch):
+  # Two stages keep this fast; the test above checks that GRID covers every transform.
+  monkeypatch.setattr(augmentation_grid, 'GRID',
+                      (('horizontal_flip', {'p': 1.0}), ('mixup', {'alpha': 1.0})))
+  directory, images, labels = fashion_dir
+  output = tmp_path / 'grid.png'
+  rows = augmentation_grid.make_grid(str(directory), str(output), num_images=3)
+  assert [title for title, _, _ in rows] == ['original', 'horizontal_flip', 'mixup']
+  _, originals, original_labels = rows[0]
+  np.testing.assert_allclose(originals, augmentation_grid.tint(images[:3, :, :, None] / 255),
+                             atol=1e-6)
+  np.testing.assert_array_equal(original_labels.argmax(axis=1), labels[:3])
+  np.testing.assert_array_equal(rows[1][1], originals[:, :, ::-1])
+  _, mixed, mixed_labels = rows[2]
+  assert mixed.shape == (3, 12, 12, 3) and 0 <= mixed.min() and mixed.max() <= 1
+  np.testing.assert_allclose(mixed_labels.sum(axis=1), 1, atol=1e-6)
+  picture = matplotlib.image.imread(output)
+  assert picture.ndim == 3 and min(picture.shape[:2]) > 100 and picture.std() > 0
+
+
+def test_tint_keeps_black_and_gives_each_image_its_own_hue():
+  tinted = augmentation_grid.tint(np.ones((4, 2, 2, 1), np.float32))
+  assert np.all(augmentation_grid.tint(np.zeros((4, 2, 2, 1), np.float32)) == 0)
+  hues = matplotlib.colors.rgb_to_hsv(tinted[:, 0, 0])[:, 0]
+  np.testing.assert_allclose(hues, [0, 0.25, 0.5, 0.75], atol=1e-6)
