@@ -8,6 +8,7 @@ saving leaves the previous checkpoints intact and the partial one is ignored.
 
 import os
 
+from etils import epath
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -36,6 +37,26 @@ class Checkpointer:
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {})),
                              force=force)
 
+  def check_compatible(self, abstract_state) -> None:
+    """Raises one sentence if the latest checkpoint cannot restore into `abstract_state`.
+
+    Called before compiling, so a changed model config with an old --workdir
+    stops at once and leaves the checkpoints as they are.
+    """
+    step = self.latest_step()
+    if step is None:
+      return
+    path = os.path.join(self.directory, str(step), 'state')
+    saved = _shapes(_saved_tree(path))
+    wanted = _shapes(abstract_state)
+    # Parameters first: their mismatch is the one a person recognises.
+    for name in sorted(set(saved) | set(wanted), key=lambda n: (not n.startswith('params'), n)):
+      if saved.get(name) != wanted.get(name):
+        raise ValueError(
+            f'The checkpoint of step {step} in {self.directory!r} does not fit this config: '
+            f'{name} is {_describe(saved.get(name))} there but {_describe(wanted.get(name))} '
+            'here; use a new --workdir or the config that wrote it.')
+
   def restore(self, abstract_state, step: int | None = None):
     """Returns (state, data_state) of `step` (the latest by default), laid out as `abstract_state`."""
     step = self.latest_step() if step is None else step
@@ -51,6 +72,24 @@ class Checkpointer:
     self.manager.close()
 
 
+def _saved_tree(path: str):
+  """The saved state's tree of array metadata (shape, dtype), read without restoring."""
+  return ocp.PyTreeCheckpointHandler().metadata(epath.Path(path)).tree
+
+
+def _shapes(tree) -> dict[str, tuple]:
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {jax.tree_util.keystr(path, simple=True, separator='/'): (tuple(x.shape), np.dtype(x.dtype))
+          for path, x in leaves}
+
+
+def _describe(shape_dtype) -> str:
+  if shape_dtype is None:
+    return 'absent'
+  shape, dtype = shape_dtype
+  return f'{dtype} {shape}'
+
+
 def restore_arrays(workdir: str, step: int | None = None) -> dict:
   """The saved train state of `step` (the latest by default) as nested dicts of NumPy arrays.
 
@@ -63,7 +102,5 @@ def restore_arrays(workdir: str, step: int | None = None) -> dict:
   if step is None or step not in steps:
     raise FileNotFoundError(f'No checkpoint of step {step} in {directory!r}; found steps {steps}.')
   path = os.path.join(directory, str(step), 'state')
-  checkpointer = ocp.PyTreeCheckpointer()
-  tree = checkpointer.metadata(path).item_metadata.tree
-  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-  return checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), _saved_tree(path))
+  return ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))

@@ -210,12 +210,14 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     jax.eval_shape(augment, jax.random.PRNGKey(0), {'input': example_input,
                                                     'label': np.zeros(1, np.int32)})
   init_fn = functools.partial(_init, model=model, tx=tx, example_input=example_input)
+  rng = jax.random.PRNGKey(config.seed)
+  checkpointer = checkpoint.Checkpointer(workdir, config.checkpoint_every_steps,
+                                         config.checkpoints_to_keep)
+  checkpointer.check_compatible(par.abstract_state(init_fn, rng))
   return Run(config=config, workdir=workdir, parallel=par, model=model, task=task, tx=tx,
-             learning_rate_fn=learning_rate_fn, augment=augment, init_fn=init_fn,
-             rng=jax.random.PRNGKey(config.seed), train_source=train_source,
-             eval_source=eval_source, preprocess=preprocess,
-             checkpointer=checkpoint.Checkpointer(workdir, config.checkpoint_every_steps,
-                                                  config.checkpoints_to_keep))
+             learning_rate_fn=learning_rate_fn, augment=augment, init_fn=init_fn, rng=rng,
+             train_source=train_source, eval_source=eval_source, preprocess=preprocess,
+             checkpointer=checkpointer)
 
 
 def _init(rng, *, model, tx, example_input):

@@ -95,3 +95,17 @@ except ValueError as e:
   print(json.dumps({'error': str(e)}))
 ''', devices=8)
   assert out['error'] == 'config.global_batch_size=60 is not divisible by the 8 devices of the mesh.'
+
+
+def test_changed_model_with_old_workdir_stops_and_keeps_checkpoints(config, tmp_path):
+  workdir = tmp_path / 'w'
+  config.num_train_steps = 10
+  config.optimizer.warmup_steps = 2
+  loop.setup(config, str(workdir)).train()
+  checkpoints = workdir / 'checkpoints'
+  before = {p: p.stat().st_mtime_ns for p in checkpoints.rglob('*')}
+  config.model.features = (128, 10)
+  message = _setup_error(config, workdir)
+  assert message.startswith(f"The checkpoint of step 10 in '{checkpoints}' does not fit this config: "
+                            'params/Dense_0/bias is float32 (256,) there but float32 (128,) here')
+  assert {p: p.stat().st_mtime_ns for p in checkpoints.rglob('*')} == before
