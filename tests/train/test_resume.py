@@ -48,6 +48,7 @@ def test_sigkill_and_restart_is_bit_identical(tmp_path, data_dir):
   straight, killed = str(tmp_path / 'straight'), str(tmp_path / 'killed')
   subprocess.run(_command(straight, data_dir, steps), env=_env(), cwd=REPO_ROOT, check=True,
                  capture_output=True, timeout=600)
+  assert _checkpoint_steps(straight) == [1800, 1900, 2000]  # every 100 steps, the last 3 kept
 
   process = subprocess.Popen(_command(killed, data_dir, steps), env=_env(), cwd=REPO_ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
