@@ -1,7 +1,9 @@
 r"""MLP classifier on MNIST-1D (4,000 train / 1,000 test sequences of length 40).
 
 The data set is generated offline by the `mnist1d` package's published generator.
-Published MLP test accuracy: 68% (Greydanus, "Scaling down deep learning", 2020).
+Published MLP test accuracy: 68% (Greydanus, "Scaling down deep learning", 2020),
+with the recipe used here: hidden layers of 100 and 100 ReLU units, Adam (AdamW
+without weight decay) at a constant learning rate of 1e-2, batch 100, 6,000 steps.
 
   python -m experiments.main --config=experiments/configs/mnist1d_mlp.py --workdir=/tmp/mnist1d_mlp
 """
