@@ -147,6 +147,10 @@ class Run:
       if is_eval or is_ckpt:
         canonical = par.to_canonical(state)
         if is_ckpt:
+          # Orbax copies the arrays to the host as soon as `save` is called; with
+          # the step still running, those copies can hold the threads that a
+          # multi-device CPU step needs for its collectives.
+          jax.block_until_ready(canonical)
           self.checkpointer.save(done, canonical, {'iterator': train_iter.get_state()},
                                  force=done == total)
         if is_eval:
