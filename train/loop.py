@@ -130,6 +130,8 @@ class Run:
 
     pending, log_due, last_log = [], None, (start_step, time.time())
     eval_metrics = {}
+    if start_step >= total:  # already finished: report the final model again
+      eval_metrics = self.evaluate(eval_step, par.to_canonical(state))
     for step in range(start_step, total):
       batch = par.shard_batch(next(train_iter))
       state, step_metrics = train_step(state, batch)
