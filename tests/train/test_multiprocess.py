@@ -52,14 +52,23 @@ def test_two_processes_match_one(tmp_path):
 
   multi = str(tmp_path / 'multi')
   address = f'127.0.0.1:{_free_port()}'
-  processes = [subprocess.Popen(
-      _command(multi, data_dir, f'--coordinator_address={address}', '--num_processes=2',
-               f'--process_id={i}'), env=_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  # Process 0 joins through flags, process 1 through the environment.
+  launches = [
+      (_command(multi, data_dir, f'--coordinator_address={address}', '--num_processes=2',
+                '--process_id=0'), _env()),
+      (_command(multi, data_dir), {**_env(), 'JAX_COORDINATOR_ADDRESS': address,
+                                   'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': '1'}),
+  ]
+  processes = [subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+               for command, env in launches]
   outputs = [p.communicate(timeout=600)[0] for p in processes]
   for p, out in zip(processes, outputs):
     assert p.returncode == 0, out[-3000:]
 
+  with open(os.path.join(multi, 'metrics.jsonl'), encoding='utf-8') as f:
+    train_lines = [line for line in f if '"split": "train"' in line]
+  assert len(train_lines) == _STEPS  # only process 0 writes: both joined one run
   one, two = _curve(single), _curve(multi)
   assert sorted(one) == sorted(two) == list(range(1, _STEPS + 1))
   np.testing.assert_allclose([two[s] for s in one], [one[s] for s in one], rtol=1e-4, atol=1e-5)
