@@ -4,7 +4,7 @@ Usage:
   python -m experiments.augmentation_grid --fashion_mnist_dir=DIR --output=grid.png
 
 DIR holds the IDX files train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz
-(or the t10k-* pair with --split=t10k). Fashion-MNIST is grayscale, so each
+(or the t10k-* pair with --split=test). Fashion-MNIST is grayscale, so each
 image is tinted with its own hue: the colour transforms (saturation, hue,
 jitter, grayscale) then visibly act on it. One row per transform, one column
 per image; the first row holds the inputs. Mixup and cutmix tiles are captioned
@@ -22,11 +22,11 @@ import numpy as np
 
 from data import augment
 from data import idx
+from data.builders import fashion_mnist
 
 FLAGS = flags.FLAGS
 
-CLASS_NAMES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt',
-               'Sneaker', 'Bag', 'Ankle boot')
+CLASS_NAMES = fashion_mnist.LABEL_NAMES
 
 # Magnitudes are larger than a training default so that each effect is plain to see.
 GRID = (
@@ -56,8 +56,9 @@ GRID = (
 
 def load_images(directory: str, count: int, split: str = 'train') -> tuple[np.ndarray, np.ndarray]:
   """First `count` images as float (N, 28, 28, 1) in [0, 1], and their class indices."""
-  images = idx.read_idx(os.path.join(directory, f'{split}-images-idx3-ubyte.gz'))
-  labels = idx.read_idx(os.path.join(directory, f'{split}-labels-idx1-ubyte.gz'))
+  images_file, labels_file = fashion_mnist.SPLIT_FILES[split]
+  images = idx.read_idx(os.path.join(directory, images_file))
+  labels = idx.read_idx(os.path.join(directory, labels_file))
   if not 1 <= count <= len(images):
     raise ValueError(f'num_images={count} must be in [1, {len(images)}].')
   return (images[:count, :, :, None] / 255.0).astype(np.float32), labels[:count].astype(np.int64)
@@ -120,7 +121,8 @@ def define_flags() -> None:
   flags.DEFINE_string('fashion_mnist_dir', None, 'Folder with the Fashion-MNIST IDX .gz files.',
                       required=True)
   flags.DEFINE_string('output', None, 'Path of the PNG to write.', required=True)
-  flags.DEFINE_enum('split', 'train', ['train', 't10k'], 'Which Fashion-MNIST split to read.')
+  flags.DEFINE_enum('split', 'train', list(fashion_mnist.SPLIT_FILES),
+                    'Which Fashion-MNIST split to read.')
   flags.DEFINE_integer('num_images', 6, 'Images (columns) in the grid.')
   flags.DEFINE_integer('seed', 0, 'PRNG seed of the augmentations.')
 
