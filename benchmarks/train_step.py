@@ -8,7 +8,6 @@ as a fraction of this machine's float32 matmul peak (measured by this script in
 the same run), and the input pipeline's examples/s.
 """
 
-import functools
 import os
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
 
-from train import loop, step as step_lib
+from train import loop
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
 _STEPS = flags.DEFINE_integer('steps', 200, 'Timed train steps.')
@@ -62,16 +61,12 @@ def main(argv):
     host_batch = next(iterator)
 
     # FLOPs of one global step (the same computation in every mode).
-    global_step = jax.jit(functools.partial(
-        step_lib.train_step, model=run.model, task=run.task, tx=run.tx,
-        learning_rate_fn=run.learning_rate_fn))
+    global_step = jax.jit(run.train_step_fn())
     cost = global_step.lower(state, par.global_batch(host_batch)).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops = float(cost.get('flops', float('nan')))
 
-    train_step = par.compile_train_step(functools.partial(
-        step_lib.train_step, model=run.model, task=run.task, tx=run.tx,
-        learning_rate_fn=run.learning_rate_fn), abstract)
+    train_step = par.compile_train_step(run.train_step_fn(), abstract)
     state = par.to_run_layout(state)
     batch = par.shard_batch(host_batch)
     for _ in range(3):  # compile and warm up

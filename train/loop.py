@@ -95,6 +95,11 @@ class Run:
         seed=self.config.seed, preprocess=self.preprocess,
         process_index=jax.process_index(), process_count=jax.process_count())
 
+  def train_step_fn(self) -> Callable:
+    """This run's pure `train_step(state, batch, axis_name=None)`, before compilation."""
+    return functools.partial(step_lib.train_step, model=self.model, task=self.task, tx=self.tx,
+                             learning_rate_fn=self.learning_rate_fn, augment=self.augment)
+
   def evaluate(self, eval_step, state) -> dict:
     batches = pipeline.eval_batches(
         self.eval_source, global_batch_size=self.config.eval_batch_size,
@@ -120,9 +125,7 @@ class Run:
       state = par.init_state(self.init_fn, self.rng)
     start_step = int(jax.device_get(state.step))
     total = config.num_train_steps
-    train_step = par.compile_train_step(functools.partial(
-        step_lib.train_step, model=self.model, task=self.task, tx=self.tx,
-        learning_rate_fn=self.learning_rate_fn, augment=self.augment), abstract)
+    train_step = par.compile_train_step(self.train_step_fn(), abstract)
     eval_step = par.compile_eval_step(functools.partial(
         step_lib.eval_step, model=self.model, task=self.task), abstract)
     writer = metrics_lib.MetricWriter(self.workdir, total)
