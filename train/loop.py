@@ -90,10 +90,15 @@ class Run:
   checkpointer: checkpoint.Checkpointer
 
   def train_iterator(self) -> Iterator:
+    threads = self.config.data.get('num_threads')
+    if threads is None:
+      # Gathering from memory costs less than handing a batch between threads.
+      threads = 0 if isinstance(self.train_source, pipeline.InMemorySource) else 2
     return pipeline.train_iterator(
         self.train_source, global_batch_size=self.config.global_batch_size,
         seed=self.config.seed, preprocess=self.preprocess,
-        process_index=jax.process_index(), process_count=jax.process_count())
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        num_threads=threads)
 
   def train_step_fn(self) -> Callable:
     """This run's pure `train_step(state, batch, axis_name=None)`, before compilation."""

@@ -22,6 +22,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.input_scale = 1.0
   # Hold each split in memory as stacked arrays (for data sets that fit).
   config.data.in_memory = True
+  # Threads reading and prefetching train batches (default: 0 in memory, else 2).
+  config.data.num_threads = config_dict.placeholder(int)
   # Where prepared data sets are cached (default: $JAXLAB_DATA_DIR or ~/tensorflow_datasets).
   config.data.data_dir = config_dict.placeholder(str)
   # Passed to data.load: e.g. source_dir for fashion_mnist, builder arguments for TFDS.
