@@ -71,7 +71,7 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
     TFDS's data source: `len()` and `[i]` -> dict of feature values.
 
   Raises:
-    ValueError: unknown data set or split.
+    ValueError: unknown data set or split, or a split with no examples.
     TypeError: an option the data set does not take.
     FileNotFoundError: the data set is not prepared and cannot be obtained.
   """
@@ -83,6 +83,8 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
   if not builder.is_prepared():
     _prepare(name, builder, source_dir)
     _check_split(name, split, _known_splits(builder))
+  if builder.info.splits[split].num_examples == 0:
+    raise ValueError(f'Split {split!r} of data set {name!r} holds no examples.')
   return builder.as_data_source(split=split)
 
 
@@ -90,8 +92,11 @@ def info(name: str, *, data_dir: str | os.PathLike | None = None,
          **options) -> tfds.core.DatasetInfo:
   """TFDS's description of `name`: `.features` (shapes, dtypes, `['label'].num_classes`).
 
-  Split sizes (`.splits`) are filled once the data set is prepared.
+  Split sizes (`.splits`) are filled once the data set is prepared. Takes the
+  options `load` takes (a local data set's `source_dir` is not needed here).
   """
+  if name in LOCAL_BUILDERS:
+    options.pop('source_dir', None)
   return make_builder(name, data_dir=data_dir, **options).info
 
 

@@ -10,8 +10,9 @@ in checkpoints, so a resumed run sees the batches an uninterrupted run would.
 
 Batches are read whole: the pipeline computes each batch's *indices* at once
 (epoch `e` is the permutation drawn from the seed sequence `(seed, e)`), gathers
-them with one call (`InMemorySource` fancy-indexes stacked arrays; TFDS sources
-answer `__getitems__`) and preprocesses the batch at once, so the per-example
+them with one call (sources with a `gather` method, such as `InMemorySource`
+and `data.text.TokenWindows`, slice NumPy arrays; TFDS sources answer
+`__getitems__`) and preprocesses the batch at once, so the per-example
 Python work is nil.
 """
 
@@ -31,7 +32,7 @@ def _stack(records: list[dict]) -> dict:
 
 def read_batch(source, indices: np.ndarray) -> dict:
   """The records `indices` of `source` as a dict of stacked arrays."""
-  if isinstance(source, InMemorySource):
+  if hasattr(source, 'gather'):
     return source.gather(indices)
   indices = [int(i) for i in indices]
   if hasattr(source, '__getitems__'):

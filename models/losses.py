@@ -7,6 +7,7 @@ treat the last axis as the distribution and every leading axis as a batch axis.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import xlogy
 
 
@@ -110,3 +111,17 @@ def total_variation(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray) -> jnp.ndarray:
   _check_same_shape(p_BxC, q_BxC)
   diff_BxC = p_BxC - q_BxC
   return jnp.sum(jnp.where(diff_BxC >= 0, diff_BxC, 0), axis=-1)
+
+
+def language_model_summary(nats: float, tokens: float, units: float, unit: str) -> dict:
+  """Loss, perplexity and bits per unit of a language model, from totals over a text.
+
+  `nats` is the summed negative log-likelihood of `tokens` scored tokens that
+  spell `units` characters or bytes (`unit` names which: 'char' or 'byte').
+  Perplexity is exp(mean NLL per token); bits per unit, nats / units / ln 2,
+  compares models with different tokenizers on the same text. Host-side: it
+  takes the totals after every batch (and device) has been summed.
+  """
+  mean_nll = float(nats) / float(tokens)
+  return {'loss': mean_nll, 'perplexity': float(np.exp(mean_nll)),
+          f'bits_per_{unit}': float(nats) / float(units) / float(np.log(2))}

@@ -1,6 +1,6 @@
-"""Multi-layer perceptron in the notation of seed 001: x(l) = φ(W(l)ᵀ x(l-1) + b(l))."""
+"""Multi-layer perceptron: x(l) = φ(W(l)ᵀ x(l−1) + b(l)), the last layer linear (logits)."""
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -27,6 +27,7 @@ class MLP(nn.Module):
       activation (exclusive with `batch_norm`).
     residual: wrap every hidden layer whose input and output widths agree in a
       skip connection, x + layer(x).
+    dtype: the compute dtype (e.g. bfloat16); parameters stay float32.
   """
   features: Sequence[int]
   activation: str | Callable = 'relu'
@@ -35,11 +36,14 @@ class MLP(nn.Module):
   batch_norm_axis_name: str | None = None
   layer_norm: bool = False
   residual: bool = False
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x_BxD: jnp.ndarray, *, train: bool = False) -> jnp.ndarray:
     if not self.features:
       raise ValueError('MLP features must name at least the output width, got an empty sequence.')
+    if not all(isinstance(w, int) and w > 0 for w in self.features):
+      raise ValueError(f'MLP features must be positive integers, got {tuple(self.features)}.')
     if not 0 <= self.dropout_rate < 1:
       raise ValueError(f'MLP dropout_rate must lie in [0, 1), got {self.dropout_rate}.')
     if self.batch_norm and self.layer_norm:
@@ -50,11 +54,12 @@ class MLP(nn.Module):
       # The submodules are created here, in the MLP's scope, so that wrapping
       # the layer in a Residual does not move their parameters.
       # A bias before batch norm is cancelled by its mean subtraction.
-      dense = nn.Dense(width, use_bias=not self.batch_norm)
+      dense = nn.Dense(width, use_bias=not self.batch_norm, dtype=self.dtype)
       if self.batch_norm:
-        norm = nn.BatchNorm(use_running_average=not train, axis_name=self.batch_norm_axis_name)
+        norm = nn.BatchNorm(use_running_average=not train, axis_name=self.batch_norm_axis_name,
+                            dtype=self.dtype)
       elif self.layer_norm:
-        norm = nn.LayerNorm()
+        norm = nn.LayerNorm(dtype=self.dtype)
       else:
         norm = None
       dropout = nn.Dropout(self.dropout_rate, deterministic=not train) if self.dropout_rate > 0 else None
@@ -70,4 +75,4 @@ class MLP(nn.Module):
         x = layers.Residual(hidden)(x)
       else:
         x = hidden(x)
-    return nn.Dense(self.features[-1])(x)
+    return nn.Dense(self.features[-1], dtype=self.dtype)(x)

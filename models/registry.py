@@ -1,16 +1,28 @@
 """Models by name, so configs (not code edits) select the architecture."""
 
 import dataclasses
+from typing import Any, Mapping
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from models.mlp import MLP
+from models.sequence.causal_conv import CausalConvLM
 
-MODELS: dict[str, type[nn.Module]] = {'mlp': MLP}
+MODELS: dict[str, type[nn.Module]] = {'mlp': MLP, 'causal_conv_lm': CausalConvLM}
+
+# Compute dtypes a config may name; parameters stay float32.
+DTYPES = ('float32', 'bfloat16', 'float16')
 
 
-def build(name: str, batch_norm_axis_name: str | None = None, **options) -> nn.Module:
-  """Builds model `name` with `options`; the train library passes the BN axis name."""
+def build(name: str, batch_norm_axis_name: str | None = None,
+          data_defaults: Mapping[str, Any] | None = None, **options) -> nn.Module:
+  """Builds model `name` with `options`.
+
+  The train library passes the batch-norm axis name, and `data_defaults`: options
+  the data determines (e.g. `vocab_size` from the tokenizer), used where the
+  config leaves them out and checked where it gives them.
+  """
   if name not in MODELS:
     raise ValueError(f'Unknown model {name!r}; allowed: {", ".join(sorted(MODELS))}.')
   cls = MODELS[name]
@@ -18,6 +30,35 @@ def build(name: str, batch_norm_axis_name: str | None = None, **options) -> nn.M
   unknown = sorted(set(options) - fields)
   if unknown:
     raise ValueError(f'Model {name!r} has no option {unknown[0]!r}; allowed: {", ".join(sorted(fields))}.')
+  # Sequences become tuples (a config read back from JSON holds lists), so that
+  # the module is hashable, e.g. as a static argument of `jit`.
+  options = {key: _as_tuples(value) for key, value in options.items()}
+  for key, value in (data_defaults or {}).items():
+    if key not in fields:
+      continue
+    if options.get(key) is None:
+      options[key] = value
+    elif options[key] != value:
+      raise ValueError(f'config.model.{key}={options[key]!r} does not match the data, whose '
+                       f'{key} is {value!r}; leave it out to take the data\'s.')
+  if options.get('dtype') is not None:
+    options['dtype'] = compute_dtype(options['dtype'])
   if 'batch_norm_axis_name' in fields:
     options['batch_norm_axis_name'] = batch_norm_axis_name
   return cls(**options)
+
+
+def compute_dtype(value) -> jnp.dtype:
+  """`value` ('bfloat16', jnp.bfloat16, ...) as a dtype, if it is one of `DTYPES`."""
+  try:
+    dtype = jnp.dtype(value)
+  except TypeError:
+    dtype = None
+  if dtype is None or dtype.name not in DTYPES:
+    raise ValueError(f'config.model.dtype={value!r} is not a compute dtype; allowed: '
+                     f'{", ".join(DTYPES)}.')
+  return dtype
+
+
+def _as_tuples(value):
+  return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value

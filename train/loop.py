@@ -1,14 +1,17 @@
 """The one training loop: `train_and_evaluate(config, workdir)`.
 
-`setup` checks every user input and builds everything without compiling, so a
-wrong flag stops in a second with one sentence; `Run.train` then compiles and
-runs. The loop dispatches step N+1 before reading step N's metrics (the host
-never waits on the device between logs), donates the state buffers, evaluates
-periodically, and checkpoints so that a killed run resumes exactly.
+`setup` checks every user input and proves the config by tracing the first
+train and eval step (`jax.eval_shape`, nothing is compiled), so a wrong flag
+stops in seconds with one sentence; `Run.train` then compiles and runs. The
+loop dispatches step N+1 before reading step N's metrics (the host never waits
+on the device between logs), donates the state buffers, evaluates
+periodically, runs the task's eval hooks, and checkpoints so that a killed run
+resumes exactly. Everything family-specific is the task's (`train/tasks/`).
 """
 
 import dataclasses
 import functools
+import json
 import os
 import time
 from typing import Any, Callable, Iterator
@@ -17,13 +20,16 @@ import jax
 import ml_collections
 import numpy as np
 
-import data as data_lib
-from data import augment as augment_lib
+from data import inputs
 from data import pipeline
 from models import registry
 from train import checkpoint, metrics as metrics_lib, optim, parallel as parallel_lib, step as step_lib
 from train import tasks
 from train.state import init_train_state
+
+CONFIG_FILE = 'config.json'
+# Folded into the state's key for eval hooks (sampling), apart from every step's streams.
+_HOOK_STREAM = 0x4007
 
 
 def check_workdir(workdir: str) -> str:
@@ -47,30 +53,6 @@ def _check_positive(config, *names):
       raise ValueError(f'config.{name} must be a positive integer, got {value!r}.')
 
 
-def make_preprocess(data_config) -> Callable[[dict], dict]:
-  """Batch of records -> {'input': float32, 'label': int32}, the input scaled by `input_scale`."""
-  key, scale = data_config.input_key, np.float32(data_config.get('input_scale', 1.0))
-
-  def preprocess(batch):
-    return {'input': np.asarray(batch[key], np.float32) * scale,
-            'label': np.asarray(batch['label'], np.int32)}
-  return preprocess
-
-
-def make_augment(spec, num_classes: int) -> Callable[[jax.Array, dict], dict]:
-  """`data.augment` stages as a train-step augmentation of {'input', 'label'} batches.
-
-  Labels become one-hot so that mixup and cutmix can mix them.
-  """
-  augment = augment_lib.build_augmentation(spec)
-
-  def apply(key, batch):
-    out = augment(key, {'image': batch['input'],
-                        'label': jax.nn.one_hot(batch['label'], num_classes)})
-    return {**batch, 'input': out['image'], 'label': out['label']}
-  return apply
-
-
 @dataclasses.dataclass
 class Run:
   """Everything one training run needs, built by `setup` without compiling."""
@@ -78,45 +60,60 @@ class Run:
   workdir: str
   parallel: parallel_lib.Parallel
   model: Any
-  task: Callable
+  task: tasks.Task
   tx: Any
   learning_rate_fn: Callable
-  augment: Callable | None
   init_fn: Callable
   rng: Any
   train_source: Any
   eval_source: Any
-  preprocess: Callable
   checkpointer: checkpoint.Checkpointer
 
   def train_iterator(self) -> Iterator:
     threads = self.config.data.get('num_threads')
     if threads is None:
       # Gathering from memory costs less than handing a batch between threads.
-      threads = 0 if isinstance(self.train_source, pipeline.InMemorySource) else 2
+      threads = 0 if hasattr(self.train_source, 'gather') else 2
     return pipeline.train_iterator(
         self.train_source, global_batch_size=self.config.global_batch_size,
-        seed=self.config.seed, preprocess=self.preprocess,
+        seed=self.config.seed, preprocess=self.task.preprocess,
         process_index=jax.process_index(), process_count=jax.process_count(),
         num_threads=threads)
 
   def train_step_fn(self) -> Callable:
     """This run's pure `train_step(state, batch, axis_name=None)`, before compilation."""
     return functools.partial(step_lib.train_step, model=self.model, task=self.task, tx=self.tx,
-                             learning_rate_fn=self.learning_rate_fn, augment=self.augment)
+                             learning_rate_fn=self.learning_rate_fn,
+                             grad_accum_steps=self.config.get('grad_accum_steps', 1),
+                             ema_decay=self.config.get('ema_decay', 0.0))
+
+  def eval_step_fn(self) -> Callable:
+    """This run's pure `eval_step(state, batch, index, axis_name=None)`."""
+    return functools.partial(step_lib.eval_step, model=self.model, task=self.task)
+
+  def eval_batches(self) -> Iterator:
+    return pipeline.eval_batches(
+        self.eval_source, global_batch_size=self.config.eval_batch_size,
+        preprocess=self.task.preprocess, process_index=jax.process_index(),
+        process_count=jax.process_count())
 
   def evaluate(self, eval_step, state) -> dict:
-    batches = pipeline.eval_batches(
-        self.eval_source, global_batch_size=self.config.eval_batch_size,
-        preprocess=self.preprocess, process_index=jax.process_index(),
-        process_count=jax.process_count())
+    """The task's finalized metrics over the whole eval split."""
     totals = None
-    for batch in batches:
-      sums = eval_step(state, batch)
+    for index, batch in enumerate(self.eval_batches()):
+      sums = eval_step(state, batch, np.int32(index))
       totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
-    totals = jax.device_get(totals)
-    count = totals.pop('count')
-    return {name: value / count for name, value in totals.items()}
+    return self.task.finalize(jax.device_get(totals))
+
+  def run_hooks(self, state, step: int) -> dict:
+    """The task's eval hooks on the evaluated variables (EMA parameters when kept)."""
+    context = tasks.HookContext(
+        module=self.model, variables={'params': state.eval_params, **state.model_state},
+        rng=jax.random.fold_in(jax.random.fold_in(state.rng, _HOOK_STREAM), step), step=step)
+    outputs = {}
+    for hook in self.task.eval_hooks():
+      outputs.update(hook(context))
+    return outputs
 
   def train(self) -> dict:
     """Trains (resuming from the latest checkpoint) and returns the final eval metrics."""
@@ -131,8 +128,7 @@ class Run:
     start_step = int(jax.device_get(state.step))
     total = config.num_train_steps
     train_step = par.compile_train_step(self.train_step_fn(), abstract)
-    eval_step = par.compile_eval_step(functools.partial(
-        step_lib.eval_step, model=self.model, task=self.task), abstract)
+    eval_step = par.compile_eval_step(self.eval_step_fn(), abstract)
     writer = metrics_lib.MetricWriter(self.workdir, total)
     state = par.to_run_layout(state)
 
@@ -166,6 +162,7 @@ class Run:
         if is_eval:
           eval_metrics = self.evaluate(eval_step, canonical)
           writer.write(done, 'eval', eval_metrics)
+          writer.write_outputs(done, self.run_hooks(canonical, done))
     if log_due is not None:
       self._log_train(writer, log_due, pending, last_log)
     self.checkpointer.close()
@@ -173,19 +170,42 @@ class Run:
     return eval_metrics
 
   def _log_train(self, writer, step, pending, last_log):
-    means = jax.tree.map(lambda *xs: np.mean(xs), *jax.device_get(pending))
+    """Logs the log interval's metrics: its weighted sums finalized, the mean gradient norm
+    and the learning rate of the logged step."""
+    pending = jax.device_get(pending)
+    totals = jax.tree.map(lambda *xs: np.sum(xs), *[m['totals'] for m in pending])
+    values = self.task.finalize(totals)
+    values['grad_norm'] = float(np.mean([m['grad_norm'] for m in pending]))
+    values['learning_rate'] = float(pending[-1]['learning_rate'])
     now = time.time()
     steps = step - last_log[0]
-    means['examples_per_second'] = steps * self.config.global_batch_size / max(now - last_log[1], 1e-9)
-    writer.write(step, 'train', means)
+    values['examples_per_second'] = steps * self.config.global_batch_size / max(now - last_log[1], 1e-9)
+    writer.write(step, 'train', values)
     return step, now
+
+
+def _prove(what: str, fn: Callable):
+  """Runs `fn` (a trace); any failure becomes one sentence saying what failed."""
+  try:
+    return fn()
+  except ValueError as e:
+    if '\n' not in str(e):
+      raise
+    error = e
+  except Exception as e:  # pylint: disable=broad-except
+    error = e
+  first_line = (str(error).strip().splitlines() or [''])[0].rstrip('.')
+  raise ValueError(f'This config fails when {what}: {type(error).__name__}: {first_line}.') from error
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   """Validates `config` and builds a `Run`; raises ValueError/FileNotFoundError in one sentence."""
   _check_positive(config, 'num_train_steps', 'global_batch_size', 'eval_batch_size',
                   'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
-                  'checkpoints_to_keep')
+                  'checkpoints_to_keep', 'grad_accum_steps')
+  ema_decay = config.get('ema_decay', 0.0)
+  if not 0 <= ema_decay < 1:
+    raise ValueError(f'config.ema_decay must lie in [0, 1) (0 keeps no average), got {ema_decay!r}.')
   workdir = check_workdir(workdir)
   mode = config.parallel.mode
   if mode not in parallel_lib.MODES:
@@ -196,46 +216,71 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     if config[name] % par.num_devices:
       raise ValueError(f'config.{name}={config[name]} is not divisible by the '
                        f'{par.num_devices} devices of the mesh.')
-  model_options = config.model.to_dict()
-  model = registry.build(model_options.pop('name'), par.axis_name, **model_options)
+  per_device = config.global_batch_size // par.num_devices
+  if per_device % config.grad_accum_steps:
+    raise ValueError(f'config.grad_accum_steps={config.grad_accum_steps} does not divide the '
+                     f'batch of {per_device} examples per device.')
+
+  train_source, eval_source, meta = inputs.make_sources(config.data, workdir)
   task_options = config.task.to_dict()
-  task = functools.partial(tasks.get(task_options.pop('name')), **task_options)
+  task = tasks.build(task_options.pop('name'), meta, **task_options)
+  model_options = config.model.to_dict()
+  model_name = model_options.pop('name')
+  model = registry.build(model_name, par.axis_name, meta.get('model_defaults'), **model_options)
   tx, learning_rate_fn = optim.make_optimizer(config.optimizer, config.num_train_steps)
-  data_options = dict(config.data.get('options', {}))
-  load = functools.partial(data_lib.load, config.data.name, data_dir=config.data.get('data_dir'),
-                           **data_options)
-  train_source = load(config.data.train_split)
-  eval_source = load(config.data.eval_split)
-  if config.data.get('in_memory', True):
-    train_source = pipeline.InMemorySource(train_source)
-    eval_source = pipeline.InMemorySource(eval_source)
-  first = pipeline.read_batch(train_source, np.zeros(1, np.int64))
-  if config.data.input_key not in first:
-    raise ValueError(f'config.data.input_key={config.data.input_key!r} is not a feature of '
-                     f'{config.data.name!r}; its features are: {", ".join(sorted(first))}.')
-  preprocess = make_preprocess(config.data)
-  example_input = preprocess(first)['input']
-  augment = None
-  if config.get('augment'):
-    num_classes = data_lib.info(config.data.name, data_dir=config.data.get('data_dir'),
-                                **data_options).features['label'].num_classes
-    augment = make_augment(config.augment, num_classes)
-    # Traces once, so a spec that does not fit the data stops here.
-    jax.eval_shape(augment, jax.random.PRNGKey(0), {'input': example_input,
-                                                    'label': np.zeros(1, np.int32)})
-  init_fn = functools.partial(_init, model=model, tx=tx, example_input=example_input)
+
+  example = task.preprocess(pipeline.read_batch(train_source, np.zeros(1, np.int64)))
+  init_fn = functools.partial(init_train_state, model, task, tx, example_batch=example,
+                              ema=ema_decay > 0)
   rng = jax.random.PRNGKey(config.seed)
-  checkpointer = checkpoint.Checkpointer(workdir, config.checkpoint_every_steps,
-                                         config.checkpoints_to_keep)
-  checkpointer.check_compatible(par.abstract_state(init_fn, rng))
-  return Run(config=config, workdir=workdir, parallel=par, model=model, task=task, tx=tx,
-             learning_rate_fn=learning_rate_fn, augment=augment, init_fn=init_fn, rng=rng,
-             train_source=train_source, eval_source=eval_source, preprocess=preprocess,
-             checkpointer=checkpointer)
+  run = Run(config=config, workdir=workdir, parallel=par, model=model, task=task, tx=tx,
+            learning_rate_fn=learning_rate_fn, init_fn=init_fn, rng=rng,
+            train_source=train_source, eval_source=eval_source, checkpointer=None)
+  abstract = _prove(f'initialising model {model_name!r}',
+                    lambda: par.abstract_state(init_fn, rng))
+  _prove_steps(run, abstract, example)
+
+  run.checkpointer = checkpoint.Checkpointer(workdir, config.checkpoint_every_steps,
+                                             config.checkpoints_to_keep)
+  run.checkpointer.check_compatible(abstract)
+  _write_config(config, workdir)
+  return run
 
 
-def _init(rng, *, model, tx, example_input):
-  return init_train_state(model, tx, rng, example_input)
+def _prove_steps(run: Run, abstract, example: dict) -> None:
+  """Traces one train and one eval step on batches of the configured shapes."""
+  def batch_of(size, extra=None):
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((size,) + x.shape[1:], x.dtype), example)
+    return {**batch, **(extra or {})}
+  config = run.config
+  _prove('running the first train step', lambda: jax.eval_shape(
+      run.train_step_fn(), abstract, batch_of(config.global_batch_size)))
+  mask = {'mask': jax.ShapeDtypeStruct((config.eval_batch_size,), np.int32)}
+  _prove('running the first eval step', lambda: jax.eval_shape(
+      run.eval_step_fn(), abstract, batch_of(config.eval_batch_size, mask), np.int32(0)))
+
+
+def _write_config(config, workdir: str) -> None:
+  """Keeps the config beside the checkpoints (read by `experiments/sample.py`)."""
+  if jax.process_index() != 0:
+    return
+  path = os.path.join(workdir, CONFIG_FILE)
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    f.write(config.to_json_best_effort(indent=1, sort_keys=True) + '\n')
+  os.replace(path + '.tmp', path)
+
+
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run wrote into `workdir`, or one sentence saying it is not there."""
+  path = os.path.join(os.path.abspath(workdir), CONFIG_FILE)
+  try:
+    with open(path, encoding='utf-8') as f:
+      return ml_collections.ConfigDict(json.load(f))
+  except FileNotFoundError:
+    raise FileNotFoundError(f'{path!r} does not exist: {workdir!r} is not the work directory of '
+                            'a run.') from None
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{path!r} is not a readable config ({e.msg} at line {e.lineno}).') from None
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -3,6 +3,8 @@
 Only process 0 writes. `metrics.jsonl` in the work directory gets one JSON
 object per record, `{"step": ..., "split": "train"|"eval", name: value, ...}`;
 a resumed run appends, so for a step written twice the later line wins.
+Eval-hook outputs (`write_outputs`) are scalars, text or images: text and images
+also go to TensorBoard and to `samples/<name>_<step>.txt|png` in the work directory.
 """
 
 import json
@@ -19,6 +21,7 @@ class MetricWriter:
 
   def __init__(self, workdir: str, total_steps: int):
     self.enabled = jax.process_index() == 0
+    self.workdir = workdir
     self.total_steps = total_steps
     self.start_time = time.time()
     self._tb = None
@@ -46,6 +49,32 @@ class MetricWriter:
     shown = ' '.join(f'{k}={_format(v)}' for k, v in scalars.items())
     print(f'[{bar}] {step}/{self.total_steps} {split}: {shown} | {elapsed:.0f}s elapsed, '
           f'eta {eta:.0f}s', file=sys.stderr, flush=True)
+
+  def write_outputs(self, step: int, outputs: dict) -> None:
+    """Writes an eval hook's outputs: numbers as eval scalars, text and images as samples."""
+    if not self.enabled or not outputs:
+      return
+    scalars = {k: v for k, v in outputs.items() if np.ndim(v) == 0 and not isinstance(v, str)}
+    if scalars:
+      self.write(step, 'eval', scalars)
+    folder = os.path.join(self.workdir, 'samples')
+    for name, value in outputs.items():
+      if name in scalars:
+        continue
+      os.makedirs(folder, exist_ok=True)
+      if isinstance(value, str):
+        self._tb.add_text(f'samples/{name}', value, step)
+        with open(os.path.join(folder, f'{name}_{step}.txt'), 'w', encoding='utf-8') as f:
+          f.write(value)
+        print(f'{name} at step {step}:\n{value}', file=sys.stderr, flush=True)
+      else:  # an image [H, W, C] with values in [0, 1]
+        image = np.clip(np.asarray(value, np.float32), 0, 1)
+        self._tb.add_image(f'samples/{name}', image, step, dataformats='HWC')
+        import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+        plt.imsave(os.path.join(folder, f'{name}_{step}.png'), image.squeeze(-1) if image.shape[-1] == 1
+                   else image, cmap='gray', vmin=0, vmax=1)
+        print(f'{name} at step {step}: {os.path.join(folder, f"{name}_{step}.png")}',
+              file=sys.stderr, flush=True)
 
   def close(self) -> None:
     if self.enabled:

@@ -7,16 +7,20 @@
   learning_rate: peak learning rate (> 0)
   momentum, nesterov: for 'momentum' (heavy ball or Nesterov)
   b1, b2, eps: for 'adam'/'adamw';  weight_decay: for 'adamw'
+  weight_decay_mask: 'all' (every parameter) | 'kernels' (only parameters of
+    two or more dimensions: no decay on biases and normalisation scales/offsets)
   grad_clip_norm: clip by global norm (seed 001) when > 0
   schedule: 'constant' | 'step' | 'cosine' | 'warmup_cosine'
   warmup_steps, decay_factor, boundaries (fractions of the run for 'step'),
   final_lr_fraction (the cosine floor as a fraction of the peak).
 """
 
+import jax
 import optax
 
 OPTIMIZERS = ('sgd', 'momentum', 'adam', 'adamw')
 SCHEDULES = ('constant', 'step', 'cosine', 'warmup_cosine')
+DECAY_MASKS = ('all', 'kernels')
 
 
 def validate(config, total_steps: int) -> None:
@@ -32,6 +36,9 @@ def validate(config, total_steps: int) -> None:
   if schedule == 'warmup_cosine' and not 0 <= warmup < total_steps:
     raise ValueError(f'optimizer.warmup_steps must be in [0, {total_steps}) for a run of '
                      f'{total_steps} steps, got {warmup!r}.')
+  if config.get('weight_decay_mask', 'all') not in DECAY_MASKS:
+    raise ValueError(f'Unknown optimizer.weight_decay_mask {config.weight_decay_mask!r}; allowed: '
+                     f'{", ".join(DECAY_MASKS)}.')
   if config.get('grad_clip_norm', 0.0) < 0:
     raise ValueError(f'optimizer.grad_clip_norm must be >= 0 (0 disables clipping), '
                      f'got {config.grad_clip_norm!r}.')
@@ -68,7 +75,17 @@ def make_optimizer(config, total_steps: int) -> tuple[optax.GradientTransformati
     tx = optax.adam(lr, b1=config.get('b1', 0.9), b2=config.get('b2', 0.999), eps=config.get('eps', 1e-8))
   else:
     tx = optax.adamw(lr, b1=config.get('b1', 0.9), b2=config.get('b2', 0.999),
-                     eps=config.get('eps', 1e-8), weight_decay=config.get('weight_decay', 1e-4))
+                     eps=config.get('eps', 1e-8), weight_decay=config.get('weight_decay', 1e-4),
+                     mask=decay_mask(config.get('weight_decay_mask', 'all')))
   if config.get('grad_clip_norm', 0.0) > 0:
     tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
   return tx, lr
+
+
+def decay_mask(kind: str):
+  """The pytree mask (True: decayed) of `weight_decay_mask` kind, or None for 'all'."""
+  if kind == 'all':
+    return None
+  # Kernels and embeddings have two or more dimensions; biases, batch- and
+  # layer-norm scales and offsets have one.
+  return lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)

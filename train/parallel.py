@@ -138,16 +138,16 @@ class Parallel:
                    out_shardings=(shardings, self.replicated), donate_argnums=0)
 
   def compile_eval_step(self, eval_step: Callable, abstract_state):
-    """`eval_step(state, batch, axis_name=...)`; it takes the canonical state layout."""
+    """`eval_step(state, batch, index, axis_name=...)`; it takes the canonical state layout."""
     shardings = self.state_shardings(abstract_state)
     if self.mode in ('shard_map', 'pmap'):
       # pmap's eval also runs under shard_map on the canonical layout, so the
       # state need not be converted for every evaluation.
       eval_step = jax.shard_map(functools.partial(eval_step, axis_name=AXIS), mesh=self.mesh,
-                                in_specs=(P(), P(AXIS)), out_specs=P(), check_vma=False)
-    jitted = jax.jit(eval_step, in_shardings=(shardings, self.batch_sharding),
+                                in_specs=(P(), P(AXIS), P()), out_specs=P(), check_vma=False)
+    jitted = jax.jit(eval_step, in_shardings=(shardings, self.batch_sharding, self.replicated),
                      out_shardings=self.replicated)
-    return lambda state, batch: jitted(state, self.global_batch(batch))
+    return lambda state, batch, index: jitted(state, self.global_batch(batch), index)
 
 
 def _first_replica_metrics(state, metrics):

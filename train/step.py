@@ -2,65 +2,143 @@
 
 Both are written for one device's view of the batch. Under `jit` that view is
 the global batch (XLA inserts the collectives); under `shard_map` and `pmap` it
-is the local shard and `axis_name` names the mapped device axis, over which the
-steps average gradients, metrics and batch statistics explicitly.
-"""
+is the local shard and `axis_name` names the mapped device axis.
 
-from typing import Callable
+Every metric is a weighted sum (see `train/tasks/base.py`): the step sums each
+(total, weight) pair over its batch, `psum`s the sums over devices and divides
+once. The gradient is that of Σ loss totals / Σ loss weights over the *global*
+batch, so a token-weighted loss with uneven padding gives the same parameters
+in every parallel mode and with any number of gradient-accumulation steps.
+"""
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from train.state import TrainState
+from train.tasks import base
+
+# Folded into the state's key for evaluation, so eval streams never repeat a step's.
+_EVAL_STREAM = 0x7E57
 
 
-def _mean_over_devices(tree, axis_name):
-  return tree if axis_name is None else jax.lax.pmean(tree, axis_name)
+def _psum(tree, axis_name):
+  return tree if axis_name is None else jax.lax.psum(tree, axis_name)
 
 
-def train_step(state: TrainState, batch: dict, *, model, task: Callable,
-               tx: optax.GradientTransformation, learning_rate_fn: optax.Schedule,
-               augment: Callable | None = None,
-               axis_name: str | None = None) -> tuple[TrainState, dict]:
-  """One optimiser step on `batch`; returns the new state and batch-mean metrics.
+def _batch_size(batch: dict) -> int:
+  return jax.tree.leaves(batch)[0].shape[0]
 
-  `augment(key, batch) -> batch`, if given, transforms the batch on the device
-  first. The step's randomness is `fold_in(state.rng, step)`: the model's
-  dropout key, and (folded once more) the augmentation key.
+
+def sum_metrics(metrics: base.Metrics, batch_size: int, mask_B=None) -> dict:
+  """{name: (total, weight)} with a leading batch axis → {name: (Σ total, Σ weight)} scalars.
+
+  Examples whose `mask_B` is 0 count in neither sum. Raises ValueError (at trace
+  time, so setup catches it) for a pair of the wrong shape.
   """
-  step_rng = jax.random.fold_in(state.rng, state.step)
+  sums = {}
+  for name, pair in metrics.items():
+    if not (isinstance(pair, tuple) and len(pair) == 2):
+      raise ValueError(f'Metric {name!r} must be a (total, weight) pair, got {type(pair).__name__}.')
+    total, weight = (jnp.asarray(x, jnp.float32) for x in pair)
+    if total.shape != weight.shape or total.ndim == 0 or total.shape[0] != batch_size:
+      raise ValueError(f'Metric {name!r} has a total of shape {total.shape} and a weight of shape '
+                       f'{weight.shape}; both need the same shape, batch axis ({batch_size}) first.')
+    if mask_B is not None:
+      mask = mask_B.astype(jnp.float32).reshape((batch_size,) + (1,) * (total.ndim - 1))
+      total, weight = total * mask, weight * mask
+    sums[name] = (jnp.sum(total), jnp.sum(weight))
+  return sums
+
+
+def _stream_keys(task: base.Task, key: jax.Array) -> dict:
+  return {name: base.stream_key(key, name) for name in task.rng_streams}
+
+
+def _device_key(key: jax.Array, axis_name: str | None) -> jax.Array:
+  # Under shard_map/pmap each device draws its own masks and augmentations.
+  return key if axis_name is None else jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+
+
+def train_step(state: TrainState, batch: dict, *, model, task: base.Task,
+               tx: optax.GradientTransformation, learning_rate_fn: optax.Schedule,
+               grad_accum_steps: int = 1, ema_decay: float = 0.0,
+               axis_name: str | None = None) -> tuple[TrainState, dict]:
+  """One optimiser step on `batch`; returns the new state and the step's metrics.
+
+  The batch is split into `grad_accum_steps` micro-batches whose gradients of
+  the loss *totals* are summed before the one division by the total weight,
+  which equals one step on the whole batch (batch statistics aside: each
+  micro-batch normalises by its own). Step t's random streams derive from
+  `fold_in(rng, t)` (then the device index and the micro-batch index).
+
+  Metrics: {'totals': {name: (Σ total, Σ weight)} over the global batch,
+  'grad_norm', 'learning_rate'}.
+  """
+  step_key = _device_key(jax.random.fold_in(state.rng, state.step), axis_name)
+
+  def micro_step(model_state, micro_batch, key):
+    rngs = _stream_keys(task, key)
+    micro_batch = task.transform(rngs, micro_batch, True)
+
+    def loss_total(params):
+      bound = base.BoundModel(model, params, model_state, rngs, train=True, axis_name=axis_name)
+      metrics = task.loss(bound, micro_batch)
+      if 'loss' not in metrics:
+        raise ValueError(f'A task loss must report a "loss" metric; it reported {sorted(metrics)}.')
+      sums = sum_metrics(metrics, _batch_size(micro_batch))
+      return sums['loss'][0], (sums, bound.model_state)
+
+    (_, (sums, model_state)), grads = jax.value_and_grad(loss_total, has_aux=True)(state.params)
+    return model_state, grads, sums
+
+  micro_batches = jax.tree.map(
+      lambda x: x.reshape((grad_accum_steps, x.shape[0] // grad_accum_steps) + x.shape[1:]), batch)
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  key = step_key if grad_accum_steps == 1 else jax.random.fold_in(step_key, 0)
+  model_state, grads, sums = micro_step(state.model_state, first, key)
+  if grad_accum_steps > 1:
+    def accumulate(carry, inputs):
+      model_state, grads_acc, sums_acc = carry
+      index, micro_batch = inputs
+      model_state, grads, sums = micro_step(model_state, micro_batch,
+                                            jax.random.fold_in(step_key, index))
+      return (model_state, jax.tree.map(jnp.add, grads_acc, grads),
+              jax.tree.map(jnp.add, sums_acc, sums)), None
+
+    rest = jax.tree.map(lambda x: x[1:], micro_batches)
+    (model_state, grads, sums), _ = jax.lax.scan(
+        accumulate, (model_state, grads, sums), (jnp.arange(1, grad_accum_steps), rest))
+
+  grads, sums = _psum((grads, sums), axis_name)
+  grads = jax.tree.map(lambda g: g / sums['loss'][1], grads)
   if axis_name is not None:
-    # Each device draws its own dropout masks and augmentations.
-    step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
-  if augment is not None:
-    batch = augment(jax.random.fold_in(step_rng, 1), batch)
-
-  def loss_fn(params):
-    per_example, model_state = task(model, {'params': params, **state.model_state}, batch,
-                                    step_rng, True)
-    means = jax.tree.map(jnp.mean, per_example)
-    return means['loss'], (means, model_state)
-
-  (_, (metrics, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  grads = _mean_over_devices(grads, axis_name)
-  metrics = _mean_over_devices(metrics, axis_name)
-  model_state = _mean_over_devices(model_state, axis_name)
+    # Batch norm already averages its statistics over `axis_name`; this keeps any
+    # other state collection identical on every device.
+    model_state = jax.lax.pmean(model_state, axis_name)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = {**metrics, 'grad_norm': optax.tree.norm(grads),
+  ema_params = state.ema_params
+  if ema_params is not None:
+    ema_params = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, ema_params, params)
+  metrics = {'totals': sums, 'grad_norm': optax.tree.norm(grads),
              'learning_rate': learning_rate_fn(state.step)}
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                            model_state=model_state)
+                            model_state=model_state, ema_params=ema_params)
   return new_state, metrics
 
 
-def eval_step(state: TrainState, batch: dict, *, model, task: Callable,
+def eval_step(state: TrainState, batch: dict, index, *, model, task: base.Task,
               axis_name: str | None = None) -> dict:
-  """Sums of per-example metrics over the real (mask == 1) examples, and their count."""
-  per_example, _ = task(model, {'params': state.params, **state.model_state}, batch,
-                        state.rng, False)
-  mask_B = batch['mask'].astype(jnp.float32)
-  sums = {name: jnp.sum(values * mask_B) for name, values in per_example.items()}
-  sums['count'] = jnp.sum(mask_B)
-  return sums if axis_name is None else jax.lax.psum(sums, axis_name)
+  """{name: (Σ total, Σ weight)} over the real (`mask` == 1) examples of `batch`.
+
+  `index` (the batch's position in the evaluation) seeds the batch's random
+  streams, so every batch draws fresh streams and a rerun draws the same.
+  """
+  key = jax.random.fold_in(jax.random.fold_in(state.rng, _EVAL_STREAM), index)
+  rngs = _stream_keys(task, _device_key(key, axis_name))
+  batch = task.transform(rngs, batch, False)
+  bound = base.BoundModel(model, state.eval_params, state.model_state, rngs, train=False,
+                          axis_name=axis_name)
+  sums = sum_metrics(task.eval_metrics(bound, batch), _batch_size(batch), batch['mask'])
+  return _psum(sums, axis_name)

@@ -12,14 +12,21 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0
 
   config.model = ml_collections.ConfigDict({'name': 'mlp'})
-  config.task = ml_collections.ConfigDict({'name': 'classification', 'label_smoothing': 0.0})
+  # The objective (train/tasks/): preprocessing, random streams, loss, metrics.
+  config.task = ml_collections.ConfigDict()
+  config.task.name = 'classification'
+  config.task.input_key = 'image'
+  config.task.input_scale = 1.0
+  config.task.label_smoothing = 0.0
+  # Augmentation stages applied to each train batch on the device, e.g.
+  # ({'name': 'random_crop', 'padding': 2}, {'name': 'mixup', 'alpha': 0.2});
+  # see data/augment.py for every transform and its parameters.
+  config.task.augment = ()
 
   config.data = ml_collections.ConfigDict()
   config.data.name = config_dict.placeholder(str)
   config.data.train_split = 'train'
   config.data.eval_split = 'test'
-  config.data.input_key = 'image'
-  config.data.input_scale = 1.0
   # Hold each split in memory as stacked arrays (for data sets that fit).
   config.data.in_memory = True
   # Threads reading and prefetching train batches (default: 0 in memory, else 2).
@@ -28,11 +35,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.data_dir = config_dict.placeholder(str)
   # Passed to data.load: e.g. source_dir for fashion_mnist, builder arguments for TFDS.
   config.data.options = ml_collections.ConfigDict()
-
-  # Augmentation stages applied to each train batch on the device, e.g.
-  # ({'name': 'random_crop', 'padding': 2}, {'name': 'mixup', 'alpha': 0.2});
-  # see data/augment.py for every transform and its parameters.
-  config.augment = ()
+  # Text data sets become token windows when a tokenizer is named (data/text.py):
+  # 'char' or 'byte_bpe' (with vocab_size), trained on the train split and kept
+  # in the work directory; windows of `window` tokens of the record's `text_key`.
+  config.data.tokenizer = config_dict.placeholder(str)
+  config.data.vocab_size = config_dict.placeholder(int)
+  config.data.window = config_dict.placeholder(int)
+  config.data.text_key = 'text'
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = 'adamw'
@@ -43,6 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.b2 = 0.999
   config.optimizer.eps = 1e-8
   config.optimizer.weight_decay = 1e-4
+  config.optimizer.weight_decay_mask = 'all'  # or 'kernels': no decay on biases and norms
   config.optimizer.grad_clip_norm = 0.0
   config.optimizer.schedule = 'warmup_cosine'
   config.optimizer.warmup_steps = 0
@@ -55,6 +65,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.parallel.mode = 'jit'
   config.parallel.num_devices = config_dict.placeholder(int)  # all devices
   config.parallel.fsdp_min_size = 1024
+
+  # Exponential moving average of the parameters, used for evaluation and
+  # sampling when > 0 (e.g. 0.999).
+  config.ema_decay = 0.0
+  # Micro-batches per step: gradients are summed over them before one update.
+  config.grad_accum_steps = 1
 
   config.global_batch_size = 128
   config.eval_batch_size = 256

@@ -11,7 +11,7 @@ from experiments.configs import default
 def get_config():
   config = default.get_config()
   config.data.name = 'digits'
-  config.data.input_scale = 1 / 16  # pixel values are 0..16
+  config.task.input_scale = 1 / 16  # pixel values are 0..16
   config.model.features = (256, 256, 10)
   config.model.activation = 'relu'
   config.model.dropout_rate = 0.2

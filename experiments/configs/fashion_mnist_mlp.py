@@ -18,8 +18,8 @@ from experiments.configs import default
 def get_config():
   config = default.get_config()
   config.data.name = 'fashion_mnist'
-  config.data.input_key = 'image'
-  config.data.input_scale = 1 / 255  # pixel values are 0..255
+  config.task.input_key = 'image'
+  config.task.input_scale = 1 / 255  # pixel values are 0..255
   config.model.features = (512, 256, 256, 128, 10)
   config.model.activation = 'relu'
   config.optimizer.name = 'momentum'

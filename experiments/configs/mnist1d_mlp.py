@@ -14,7 +14,7 @@ from experiments.configs import default
 def get_config():
   config = default.get_config()
   config.data.name = 'mnist1d'
-  config.data.input_key = 'x'
+  config.task.input_key = 'x'
   config.model.features = (100, 100, 10)
   config.model.activation = 'relu'
   config.optimizer.learning_rate = 1e-2

@@ -3,7 +3,8 @@
 For each file of `experiments/configs/` (but `default.py`), the module
 docstring's `python -m experiments.main --config=experiments/configs/<file>`
 command is parsed with the entry point's flags, overrides included, and the
-resulting config is set up (checked and built, not compiled) on a temporary
+resulting config is set up (checked, built and its first train and eval step
+traced, not compiled) on a temporary
 work directory with its data set prepared in a temporary data directory.
 
 Data sets read from local files (Fashion-MNIST, Tiny Shakespeare) use the folder
@@ -24,10 +25,12 @@ import struct
 
 from absl import flags
 from ml_collections import config_flags
+import numpy as np
 import pytest
 
 from data import datasets
 from data import idx
+from data import pipeline
 from data.builders import sources
 from tests.subprocess_util import REPO_ROOT
 from train import loop
@@ -157,6 +160,7 @@ def test_config_passes_setup(filename, data_dir, local_source_dir, tmp_path, mon
       raise
     pytest.skip(f'catalog data set {name} is not available offline: {e}')
   assert len(run.train_source) > 0 and len(run.eval_source) > 0
-  example = run.preprocess(run.train_source[0])
-  assert example['input'].dtype.name == 'float32' and example['label'].ndim == 0
+  # setup traced the first train and eval step; the task reads the source's records.
+  example = run.task.preprocess(pipeline.read_batch(run.train_source, np.arange(2)))
+  assert {x.shape[0] for x in example.values()} == {2}
   assert run.workdir == str(tmp_path / 'workdir')

@@ -109,3 +109,47 @@ def test_changed_model_with_old_workdir_stops_and_keeps_checkpoints(config, tmp_
   assert message.startswith(f"The checkpoint of step 10 in '{checkpoints}' does not fit this config: "
                             'params/Dense_0/bias is float32 (256,) there but float32 (128,) here')
   assert {p: p.stat().st_mtime_ns for p in checkpoints.rglob('*')} == before
+
+
+def _nothing_written(workdir) -> bool:
+  return not any((workdir / name).exists() for name in ('checkpoints', 'metrics.jsonl', 'tensorboard'))
+
+
+def test_bad_task_option_stops_before_anything_is_written(config, tmp_path):
+  config.task.label_smoothing = 2.0
+  workdir = tmp_path / 'w'
+  assert _setup_error(config, workdir) == 'task.label_smoothing must lie in [0, 1), got 2.0.'
+  assert _nothing_written(workdir)
+
+
+@pytest.mark.parametrize('features', [(256, 0, 10), (256, -3, 10)])
+def test_model_width_zero_or_negative_stops_in_one_sentence(config, tmp_path, features):
+  config.model.features = features
+  message = _setup_error(config, tmp_path / 'w')
+  assert 'positive integers' in message and str(features) in message
+  assert _nothing_written(tmp_path / 'w')
+
+
+def test_a_trace_failure_inside_the_model_becomes_one_sentence(config, tmp_path):
+  """A model option that only fails when traced (an activation that does not exist)."""
+  config.model.activation = 'relu6_typo'
+  message = _setup_error(config, tmp_path / 'w')
+  assert "'relu6_typo'" in message and len(message) < 300
+
+
+def test_text_data_set_with_the_classification_task_is_one_short_sentence(config, tmp_path):
+  source = tmp_path / 'shakespeare'
+  source.mkdir()
+  (source / 'input.txt').write_text('First Citizen:\nBefore we proceed any further, hear me speak.\n' * 50)
+  config.data.name = 'tiny_shakespeare'
+  config.data.eval_split = 'validation'
+  config.data.options = {'source_dir': str(source)}
+  message = _setup_error(config, tmp_path / 'w')
+  assert "task.input_key='image' is not a feature" in message and 'text' in message
+  assert 'Citizen' not in message and len(message) < 200
+
+
+def test_empty_eval_split_is_refused(config, tmp_path):
+  config.data.eval_split = 'test[:0]'
+  message = _setup_error(config, tmp_path / 'w')
+  assert message == "Split 'test[:0]' of data set 'digits' holds no examples."

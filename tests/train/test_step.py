@@ -1,100 +1,270 @@
-"""The pure train/eval steps: per-step randomness, determinism, masking, donation."""
+"""The pure train/eval steps: random streams, weighted sums, masking, EMA, accumulation."""
 
+import dataclasses
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import pytest
 
+from data import tokenizers
 from models.mlp import MLP
 from train import optim, parallel, step, tasks
 from train.state import init_train_state
 
 
-def _setup(dropout_rate=0.5):
+def _classification(**options):
+  return tasks.build('classification', {'num_classes': 3}, input_key='x', **options)
+
+
+def _setup(dropout_rate=0.5, tx=None, **state_options):
   model = MLP(features=(16, 3), dropout_rate=dropout_rate)
-  tx = optax.sgd(0.1)
-  state = init_train_state(model, tx, jax.random.PRNGKey(0), jnp.zeros((1, 4)))
-  fn = functools.partial(step.train_step, model=model, task=tasks.classification, tx=tx,
-                         learning_rate_fn=optax.constant_schedule(0.1))
+  task = _classification()
+  tx = tx or optax.sgd(0.1)
   rng = np.random.default_rng(0)
   batch = {'input': rng.normal(size=(8, 4)).astype(np.float32),
            'label': rng.integers(0, 3, size=8).astype(np.int32)}
-  return model, state, jax.jit(fn), batch
+  state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch, **state_options)
+  fn = functools.partial(step.train_step, model=model, task=task, tx=tx,
+                         learning_rate_fn=optax.constant_schedule(0.1))
+  return model, task, state, jax.jit(fn), batch
+
+
+def _mean(totals, name):
+  return float(totals[name][0] / totals[name][1])
 
 
 def test_same_state_and_batch_give_identical_steps():
-  _, state, train_step, batch = _setup()
+  _, _, state, train_step, batch = _setup()
   a, ma = train_step(state, batch)
   b, mb = train_step(state, batch)
   for x, y in zip(jax.tree.leaves((a, ma)), jax.tree.leaves((b, mb))):
     np.testing.assert_array_equal(x, y)
 
 
-def test_dropout_key_is_fold_in_of_step():
-  """Steps at different `step` values draw different masks; the key is fold_in(rng, step)."""
-  _, state, train_step, batch = _setup()
+def test_dropout_stream_is_derived_from_fold_in_of_step():
+  """Step t's dropout key is stream_key(fold_in(rng, t), 'dropout')."""
+  model, _, state, train_step, batch = _setup()
   _, m0 = train_step(state, batch)
   _, m5 = train_step(state.replace(step=jnp.int32(5)), batch)
-  assert float(m0['loss']) != float(m5['loss'])
-  model = MLP(features=(16, 3), dropout_rate=0.5)
-  logits = model.apply({'params': state.params}, batch['input'], train=True,
-                       rngs={'dropout': jax.random.fold_in(state.rng, 5)})
+  assert _mean(m0['totals'], 'loss') != _mean(m5['totals'], 'loss')
+  key = tasks.stream_key(jax.random.fold_in(state.rng, 5), 'dropout')
+  logits = model.apply({'params': state.params}, batch['input'], train=True, rngs={'dropout': key})
   expected = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label']).mean()
-  np.testing.assert_allclose(m5['loss'], expected, rtol=1e-6)
+  np.testing.assert_allclose(_mean(m5['totals'], 'loss'), expected, rtol=1e-6)
+
+
+def test_stream_keys_are_distinct_and_stable():
+  key = jax.random.PRNGKey(3)
+  names = ('dropout', 'latent', 'noise', 'mask', 'augment')
+  keys = {n: tuple(np.asarray(jax.random.key_data(tasks.stream_key(key, n)) if jnp.issubdtype(
+      tasks.stream_key(key, n).dtype, jax.dtypes.prng_key) else tasks.stream_key(key, n)))
+          for n in names}
+  assert len(set(keys.values())) == len(names)
+  np.testing.assert_array_equal(tasks.stream_key(key, 'latent'), tasks.stream_key(key, 'latent'))
+
+
+class _LatentModel(nn.Module):
+  """Draws from a 'latent' stream beside 'dropout', and writes a per-call 'cache'."""
+
+  @nn.compact
+  def __call__(self, x, *, train=False):
+    eps = jax.random.normal(self.make_rng('latent'), x.shape)
+    self.variable('cache', 'last_input', jnp.zeros_like, x).value = x
+    h = nn.Dense(4)(x + eps)
+    h = nn.Dropout(0.5, deterministic=not train)(h)
+    return nn.Dense(3)(h)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LatentTask(tasks.Classification):
+  rng_streams = ('dropout', 'latent')
+
+
+def test_named_streams_reach_the_model_and_cache_stays_out_of_the_state():
+  model = _LatentModel()
+  task = _LatentTask(meta={'num_classes': 3}, input_key='x')
+  tx = optax.sgd(0.1)
+  batch = {'input': np.ones((8, 4), np.float32), 'label': np.zeros(8, np.int32)}
+  state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch)
+  assert set(state.model_state) == set()  # the 'cache' collection is per call
+  fn = jax.jit(functools.partial(step.train_step, model=model, task=task, tx=tx,
+                                 learning_rate_fn=optax.constant_schedule(0.1)))
+  new_state, metrics = fn(state, batch)
+  assert int(new_state.step) == 1 and set(new_state.model_state) == set()
+  # The loss equals the model run with the two stream keys drawn independently.
+  step_key = jax.random.fold_in(state.rng, 0)
+  rngs = {n: tasks.stream_key(step_key, n) for n in ('dropout', 'latent')}
+  logits = model.apply({'params': state.params}, batch['input'], train=True, rngs=rngs,
+                       mutable=['cache'])[0]
+  expected = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label']).mean()
+  np.testing.assert_allclose(_mean(metrics['totals'], 'loss'), expected, rtol=1e-6)
+  sums = step.eval_step(state, {**batch, 'mask': np.ones(8, np.int32)}, 0, model=model, task=task)
+  assert np.isfinite(float(sums['loss'][0]))
 
 
 def test_eval_step_weights_by_mask():
-  model, state, _, batch = _setup(dropout_rate=0.0)
+  model, task, state, _, batch = _setup(dropout_rate=0.0)
   mask = np.array([1, 1, 1, 0, 1, 0, 0, 1], np.int32)
-  sums = step.eval_step(state, {**batch, 'mask': mask}, model=model, task=tasks.classification)
+  sums = step.eval_step(state, {**batch, 'mask': mask}, 0, model=model, task=task)
   logits = model.apply({'params': state.params}, batch['input'][mask == 1])
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'][mask == 1])
-  assert float(sums['count']) == 5
-  np.testing.assert_allclose(sums['loss'], losses.sum(), rtol=1e-5)
+  assert float(sums['loss'][1]) == 5
+  np.testing.assert_allclose(sums['loss'][0], losses.sum(), rtol=1e-5)
   correct = (logits.argmax(-1) == batch['label'][mask == 1]).sum()
-  assert float(sums['accuracy']) == float(correct)
+  assert float(sums['accuracy'][0]) == float(correct)
+
+
+def test_example_mask_applies_along_the_batch_axis_of_square_metrics():
+  """A [B, T] metric with T == B is masked by example (rows), not by position (columns)."""
+  values = jnp.arange(16, dtype=jnp.float32).reshape(4, 4)
+  weights = jnp.ones((4, 4)).at[:, 3].set(0.0)
+  mask = jnp.array([1, 0, 1, 1])
+  sums = step.sum_metrics({'m': (values * weights, weights)}, 4, mask)
+  rows = np.array([0, 2, 3])
+  np.testing.assert_allclose(sums['m'][0], (np.asarray(values) * np.asarray(weights))[rows].sum())
+  assert float(sums['m'][1]) == 9.0
+
+
+@pytest.mark.parametrize('pair, fragment', [
+    ((jnp.ones(8), jnp.ones(7)), 'shape (8,) and a weight of shape (7,)'),
+    ((jnp.ones(()), jnp.ones(())), 'batch axis (8) first'),
+    ((jnp.ones((4, 2)), jnp.ones((4, 2))), 'batch axis (8) first'),
+])
+def test_metrics_of_the_wrong_shape_are_refused_in_one_sentence(pair, fragment):
+  with pytest.raises(ValueError) as info:
+    step.sum_metrics({'loss': pair}, 8)
+  message = str(info.value)
+  assert fragment in message and "'loss'" in message and '\n' not in message
 
 
 def test_compiled_step_donates_the_state():
   model = MLP(features=(16, 3))
+  task = _classification()
   config = ml_collections.ConfigDict(dict(name='sgd', learning_rate=0.1))
   tx, lr = optim.make_optimizer(config, 10)
   par = parallel.Parallel('jit', parallel.make_mesh(1))
-  init_fn = lambda rng: init_train_state(model, tx, rng, jnp.zeros((1, 4)))
+  batch = {'input': np.ones((8, 4), np.float32), 'label': np.zeros(8, np.int32)}
+  init_fn = lambda rng: init_train_state(model, task, tx, rng, batch)
   abstract = par.abstract_state(init_fn, jax.random.PRNGKey(0))
   state = par.init_state(init_fn, jax.random.PRNGKey(0))
   train_step = par.compile_train_step(functools.partial(
-      step.train_step, model=model, task=tasks.classification, tx=tx, learning_rate_fn=lr), abstract)
-  batch = {'input': np.ones((8, 4), np.float32), 'label': np.zeros(8, np.int32)}
+      step.train_step, model=model, task=task, tx=tx, learning_rate_fn=lr), abstract)
   new_state, _ = train_step(state, par.shard_batch(batch))
   assert all(x.is_deleted() for x in jax.tree.leaves(state.params))
   assert int(new_state.step) == 1
 
 
-def test_augmentation_runs_in_the_step_with_the_step_key():
-  """The step augments with fold_in(fold_in(rng, step), 1); mixup's soft labels reach the loss."""
-  from train import loop  # pylint: disable=g-import-not-at-top
+def test_augmentation_runs_in_the_step_with_the_augment_stream():
+  """The step augments with stream_key(fold_in(rng, step), 'augment'); mixup's soft labels
+  reach the loss."""
   model = MLP(features=(16, 3))
+  task = tasks.build('classification', {'num_classes': 3},
+                     augment=({'name': 'horizontal_flip', 'p': 1.0}, {'name': 'mixup'}))
   tx = optax.sgd(0.1)
-  state = init_train_state(model, tx, jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 1)))
-  state = state.replace(step=jnp.int32(7))
-  augment = loop.make_augment(({'name': 'horizontal_flip', 'p': 1.0}, {'name': 'mixup'}), 3)
   rng = np.random.default_rng(1)
   batch = {'input': rng.uniform(size=(8, 4, 4, 1)).astype(np.float32),
            'label': rng.integers(0, 3, size=8).astype(np.int32)}
-  kwargs = dict(model=model, task=tasks.classification, tx=tx,
-                learning_rate_fn=optax.constant_schedule(0.1))
-  _, with_augment = jax.jit(functools.partial(step.train_step, augment=augment, **kwargs))(state, batch)
-  key = jax.random.fold_in(jax.random.fold_in(state.rng, 7), 1)
-  augmented = augment(key, batch)
+  state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch).replace(step=jnp.int32(7))
+  kwargs = dict(model=model, tx=tx, learning_rate_fn=optax.constant_schedule(0.1))
+  _, with_augment = jax.jit(functools.partial(step.train_step, task=task, **kwargs))(state, batch)
+  rngs = {'augment': tasks.stream_key(jax.random.fold_in(state.rng, 7), 'augment')}
+  augmented = task.transform(rngs, batch, True)
   assert augmented['label'].shape == (8, 3)
   np.testing.assert_allclose(augmented['label'].sum(-1), 1.0, rtol=1e-6)
   assert not np.allclose(augmented['input'], batch['input'])
-  _, by_hand = jax.jit(functools.partial(step.train_step, **kwargs))(state, augmented)
-  np.testing.assert_allclose(with_augment['loss'], by_hand['loss'], rtol=1e-6)
   logits = model.apply({'params': state.params}, augmented['input'])
   soft_ce = -(augmented['label'] * jax.nn.log_softmax(logits)).sum(-1).mean()
-  np.testing.assert_allclose(by_hand['loss'], soft_ce, rtol=1e-5)
+  np.testing.assert_allclose(_mean(with_augment['totals'], 'loss'), soft_ce, rtol=1e-5)
+  # Evaluation does not augment.
+  assert task.transform(rngs, batch, False) is batch
+
+
+def test_ema_follows_the_hand_computed_average():
+  decay = 0.9
+  model, task, state, _, batch = _setup(dropout_rate=0.0, ema=True)
+  tx = optax.sgd(0.1)
+  fn = jax.jit(functools.partial(step.train_step, model=model, task=task, tx=tx,
+                                 learning_rate_fn=optax.constant_schedule(0.1), ema_decay=decay))
+  expected = jax.tree.map(np.asarray, state.params)
+  for _ in range(3):
+    state, _ = fn(state, batch)
+    expected = jax.tree.map(lambda e, p: decay * e + (1 - decay) * np.asarray(p), expected,
+                            state.params)
+  for e, got in zip(jax.tree.leaves(expected), jax.tree.leaves(state.ema_params)):
+    np.testing.assert_allclose(got, e, rtol=1e-6, atol=1e-7)
+  assert not np.allclose(jax.tree.leaves(state.ema_params)[0], jax.tree.leaves(state.params)[0])
+  # Evaluation reads the average, not the raw parameters.
+  sums = step.eval_step(state, {**batch, 'mask': np.ones(8, np.int32)}, 0, model=model, task=task)
+  logits = model.apply({'params': state.ema_params}, batch['input'])
+  np.testing.assert_allclose(sums['loss'][0], optax.softmax_cross_entropy_with_integer_labels(
+      logits, batch['label']).sum(), rtol=1e-5)
+
+
+class _TokenModel(nn.Module):
+  vocab_size: int = 5
+
+  @nn.compact
+  def __call__(self, tokens_BxT, *, train=False):
+    return nn.Dense(self.vocab_size)(nn.Embed(self.vocab_size, 8)(tokens_BxT))
+
+
+def _lm_task():
+  tokenizer = tokenizers.CharTokenizer(list('abcde'))
+  return tasks.build('language_model', {'tokenizer': tokenizer, 'token_units': np.ones(5, np.float32),
+                                        'unit': 'char'}, sample_length=0)
+
+
+def _uneven_lm_batch(batch_size=8, length=6, seed=0):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, length + 1, size=batch_size)
+  weights = (np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)
+  return {'tokens': rng.integers(0, 5, size=(batch_size, length + 1)).astype(np.int32),
+          'weights': weights}
+
+
+def test_gradient_accumulation_equals_one_step_on_the_whole_batch():
+  """Token-weighted loss with uneven padding: 4 micro-batches == one batch, not the mean of
+  the micro-batch means."""
+  model, task = _TokenModel(), _lm_task()
+  tx = optax.adam(1e-2)
+  batch = _uneven_lm_batch()
+  state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch)
+  kwargs = dict(model=model, task=task, tx=tx, learning_rate_fn=optax.constant_schedule(1e-2))
+  whole, m1 = jax.jit(functools.partial(step.train_step, **kwargs))(state, batch)
+  accumulated, m4 = jax.jit(functools.partial(step.train_step, grad_accum_steps=4, **kwargs))(
+      state, batch)
+  for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(accumulated.params)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  np.testing.assert_allclose(m1['grad_norm'], m4['grad_norm'], rtol=1e-5)
+  np.testing.assert_allclose(m1['totals']['loss'][1], batch['weights'].sum())
+  # The token average is the global one: Σ nll / Σ weights over the whole batch.
+  logits = model.apply({'params': state.params}, batch['tokens'][:, :-1])
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch['tokens'][:, 1:])
+  np.testing.assert_allclose(_mean(m1['totals'], 'loss'),
+                             (nll * batch['weights']).sum() / batch['weights'].sum(), rtol=1e-6)
+
+
+def test_weight_decay_mask_spares_biases_and_norm_parameters():
+  config = ml_collections.ConfigDict(dict(name='adamw', learning_rate=0.1, weight_decay=0.5,
+                                          weight_decay_mask='kernels'))
+  tx, _ = optim.make_optimizer(config, 10)
+  params = {'dense': {'kernel': jnp.ones((3, 2)), 'bias': jnp.ones(2)},
+            'norm': {'scale': jnp.ones(2)}}
+  zero_grads = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zero_grads, tx.init(params), params)
+  # With zero gradients only decoupled weight decay moves a parameter: −lr·wd·p.
+  np.testing.assert_allclose(updates['dense']['kernel'], -0.1 * 0.5 * np.ones((3, 2)), rtol=1e-6)
+  np.testing.assert_array_equal(updates['dense']['bias'], 0.0)
+  np.testing.assert_array_equal(updates['norm']['scale'], 0.0)
+  config.weight_decay_mask = 'all'
+  tx, _ = optim.make_optimizer(config, 10)
+  updates, _ = tx.update(zero_grads, tx.init(params), params)
+  np.testing.assert_allclose(updates['dense']['bias'], -0.05 * np.ones(2), rtol=1e-6)
+  config.weight_decay_mask = 'nothing'
+  with pytest.raises(ValueError, match="'nothing'; allowed: all, kernels"):
+    optim.make_optimizer(config, 10)

@@ -1,0 +1,39 @@
+"""What a run reads: the train and eval sources a config's `data` block names.
+
+`make_sources(data_config, workdir) -> (train_source, eval_source, meta)`:
+record data sets (images, vectors) come back as random-access splits, held in
+memory as stacked arrays when `in_memory`; text data sets named with a
+`tokenizer` come back as token windows (`data.text`). `meta` describes the data
+for the task and the model: its `features`, `num_classes` when the label has
+them, or the tokenizer, vocabulary and text unit; `meta['model_defaults']`
+holds model options the data determines (e.g. `vocab_size`).
+"""
+
+import numpy as np
+
+from data import datasets
+from data import pipeline
+
+
+def make_sources(data_config, workdir: str):
+  """(train source, eval source, meta) of `data_config`; one-sentence errors for bad values."""
+  if data_config.get('tokenizer'):
+    from data import text  # pylint: disable=g-import-not-at-top
+    train_source, eval_source, meta = text.make_sources(data_config, workdir)
+    meta = {**meta, 'model_defaults': {'vocab_size': meta['vocab_size']}}
+  else:
+    options = dict(data_config.get('options', {}))
+    def load(split):
+      return datasets.load(data_config.name, split, data_dir=data_config.get('data_dir'), **options)
+    train_source, eval_source = load(data_config.train_split), load(data_config.eval_split)
+    if data_config.get('in_memory', True):
+      train_source = pipeline.InMemorySource(train_source)
+      eval_source = pipeline.InMemorySource(eval_source)
+    meta = {}
+    features = datasets.info(data_config.name, data_dir=data_config.get('data_dir'),
+                             **options).features
+    label = features['label'] if 'label' in features else None
+    if getattr(label, 'num_classes', None):
+      meta['num_classes'] = label.num_classes
+  meta.setdefault('features', tuple(sorted(pipeline.read_batch(train_source, np.zeros(1, np.int64)))))
+  return train_source, eval_source, meta

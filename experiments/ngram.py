@@ -1,0 +1,137 @@
+r"""Character n-gram baselines on Tiny Shakespeare: validation perplexity and bits per character.
+
+Each model of `models.ngram` (orders --orders; interpolated Kneser–Ney and
+add-k smoothing) is fitted by counting on the train split and scored on the
+validation split through the same evaluation windows of `data.text` that the
+neural language models use: every target x_t is scored once, given only the
+tokens of its own window before it (so the first n − 2 targets of each window
+have a shorter context). Perplexity and bits per character come from
+`models.losses.language_model_summary`.
+
+No smoothing constant is chosen on the validation split: add-k is reported for
+every k of --add_k (k = 1, Laplace, and k = 0.01), and Kneser–Ney uses the
+fixed discount D = 0.75 (or --kn_discount=estimate, D = n₁ / (n₁ + 2 n₂) per
+level from the training counts).
+
+Writes results.md (the Markdown table) and samples.txt (one --sample_length
+character sample per model, drawn with --seed from --prompt) to --workdir, and
+the char tokenizer as tokenizer.json. From the repository root:
+
+  python -m experiments.ngram --tiny_shakespeare_dir=../shared/data/tinyshakespeare \
+      --workdir=workdirs/ngram
+"""
+
+import os
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import ml_collections
+import numpy as np
+
+from data import text
+from models import losses
+from models import ngram
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  # Called only when run as a script, so that importing the module defines no flags.
+  flags.DEFINE_string('tiny_shakespeare_dir', None,
+                      'Folder holding input.txt (default: $TINY_SHAKESPEARE_DIR).')
+  flags.DEFINE_string('data_dir', None, 'TFDS data directory (default: a temporary folder).')
+  flags.DEFINE_string('workdir', None, 'Where results.md, samples.txt and tokenizer.json go.')
+  flags.DEFINE_list('orders', ['1', '2', '3', '4', '5', '6'], 'n-gram orders n.')
+  flags.DEFINE_list('smoothing', ['kneser_ney', 'add_k'], 'Smoothings, of: ' + ', '.join(ngram.SMOOTHINGS))
+  flags.DEFINE_list('add_k', ['1.0', '0.01'], 'Every k of add-k smoothing to report.')
+  flags.DEFINE_string('kn_discount', '0.75', "Kneser–Ney discount D in [0, 1], or 'estimate'.")
+  flags.DEFINE_integer('window', 256, 'Evaluation window length T, as the neural models use.')
+  flags.DEFINE_integer('sample_length', 300, 'Characters per sample.')
+  flags.DEFINE_string('prompt', 'ROMEO:', 'Text every sample continues.')
+  flags.DEFINE_integer('seed', 0, 'Seed of every sample.')
+  flags.mark_flag_as_required('workdir')
+
+
+def data_config(source_dir: str | None, data_dir: str, window: int) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({
+      'name': 'tiny_shakespeare', 'train_split': 'train', 'eval_split': 'validation',
+      'data_dir': data_dir, 'options': {'source_dir': source_dir} if source_dir else {},
+      'text_key': 'text', 'tokenizer': 'char', 'vocab_size': None, 'window': window})
+
+
+def model_specs(orders, smoothings, add_ks, kn_discount) -> list[tuple[int, str, dict]]:
+  """(order, label, NGramModel options) of every model to fit, or UsageError on a bad flag."""
+  try:
+    orders = [int(n) for n in orders]
+    add_ks = [float(k) for k in add_ks]
+    discount = None if kn_discount == 'estimate' else float(kn_discount)
+  except ValueError as error:
+    raise app.UsageError(f'--orders, --add_k and --kn_discount must be numbers ({error}).') from None
+  unknown = [s for s in smoothings if s not in ngram.SMOOTHINGS]
+  if unknown:
+    raise app.UsageError(f'Unknown --smoothing {unknown[0]!r}; the smoothings are: '
+                         f'{", ".join(ngram.SMOOTHINGS)}.')
+  specs = []
+  for order in orders:
+    for smoothing in smoothings:
+      if smoothing == 'kneser_ney':
+        label = 'Kneser–Ney, D estimated' if discount is None else f'Kneser–Ney, D = {discount:g}'
+        specs.append((order, label, dict(smoothing='kneser_ney', discount=discount)))
+      else:
+        specs.extend((order, f'add-k, k = {k:g}', dict(smoothing='add_k', add_k=k)) for k in add_ks)
+  return specs
+
+
+def evaluate(model: ngram.NGramModel, windows: dict, units_per_token: np.ndarray, unit: str) -> dict:
+  """Summed NLL over the weighted targets of `windows`, as `language_model_summary` reports it."""
+  log_p_BxT = model.window_log_probs(windows['tokens'])
+  weights_BxT = windows['weights']
+  # Padding targets have weight 0; add-0 may give them log 0, which must not reach the sum.
+  nats = -np.sum(np.where(weights_BxT > 0, log_p_BxT, 0.0) * weights_BxT)
+  targets_BxT = windows['tokens'][:, 1:]
+  return losses.language_model_summary(nats, weights_BxT.sum(),
+                                       np.sum(units_per_token[targets_BxT] * weights_BxT), unit)
+
+
+def main(argv):
+  del argv
+  start = time.perf_counter()
+  specs = model_specs(FLAGS.orders, FLAGS.smoothing, FLAGS.add_k, FLAGS.kn_discount)
+  with tempfile.TemporaryDirectory() as temporary:
+    config = data_config(FLAGS.tiny_shakespeare_dir, FLAGS.data_dir or temporary, FLAGS.window)
+    train, evaluation, meta = text.make_sources(config, FLAGS.workdir)
+  tokenizer, unit = meta['tokenizer'], meta['unit']
+  eval_windows = evaluation.gather(np.arange(len(evaluation)))
+  prompt = np.asarray(tokenizer.encode(FLAGS.prompt), np.int64)
+  print(f'Tiny Shakespeare: {len(train.tokens):,} train / {len(evaluation.tokens):,} validation '
+        f'characters, V = {meta["vocab_size"]}, {len(evaluation)} evaluation windows of '
+        f'{FLAGS.window}', flush=True)
+
+  header = ('| n | smoothing | validation perplexity | bits/char | fit time (s) |\n'
+            '|---|---|---|---|---|\n')
+  rows, samples = [], []
+  print(header, end='', flush=True)
+  for order, label, options in specs:
+    fit_start = time.perf_counter()
+    model = ngram.NGramModel(train.tokens, vocab_size=meta['vocab_size'], order=order, **options)
+    fit_seconds = time.perf_counter() - fit_start
+    summary = evaluate(model, eval_windows, meta['token_units'], unit)
+    rows.append(f'| {order} | {label} | {summary["perplexity"]:.3f} | '
+                f'{summary[f"bits_per_{unit}"]:.4f} | {fit_seconds:.2f} |\n')
+    print(rows[-1], end='', flush=True)
+    drawn = model.sample(prompt, FLAGS.sample_length, np.random.default_rng(FLAGS.seed))
+    samples.append(f'## n = {order}, {label}\n\n{FLAGS.prompt}{tokenizer.decode(drawn.tolist())}\n\n')
+
+  os.makedirs(FLAGS.workdir, exist_ok=True)
+  with open(os.path.join(FLAGS.workdir, 'results.md'), 'w', encoding='utf-8') as f:
+    f.write(header + ''.join(rows))
+  with open(os.path.join(FLAGS.workdir, 'samples.txt'), 'w', encoding='utf-8') as f:
+    f.write(''.join(samples))
+  print(f'Wrote results.md and samples.txt to {FLAGS.workdir} in {time.perf_counter() - start:.1f} s.')
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

@@ -1,0 +1,90 @@
+r"""Samples text from a trained language-model run, with no optimiser or data pipeline.
+
+  python -m experiments.sample --workdir=workdirs/shakespeare_char_conv --prompt='ROMEO:' \
+      [--num_tokens=500 --temperature=0.8 --top_k=0 --top_p=0.95 --num_samples=2 --seed=0]
+
+Reads the run's `config.json` (model), `tokenizer.json` and its latest
+checkpoint (the parameter EMA when the run kept one), prints the samples and
+writes them to `<workdir>/samples/sample_step<N>_seed<S>.txt` (or --output).
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory of a trained language model run.')
+_PROMPT = flags.DEFINE_string('prompt', '\n', 'Text the samples continue.')
+_NUM_TOKENS = flags.DEFINE_integer('num_tokens', 500, 'Tokens generated after the prompt.')
+_TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Softmax temperature; 0 is greedy.')
+_TOP_K = flags.DEFINE_integer('top_k', 0, 'Keep the k most probable tokens (0: all).')
+_TOP_P = flags.DEFINE_float('top_p', 1.0, 'Keep the smallest set with this much mass (1: all).')
+_NUM_SAMPLES = flags.DEFINE_integer('num_samples', 1, 'Independent samples.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Random seed of the samples.')
+_OUTPUT = flags.DEFINE_string('output', None, 'File to write (default: under <workdir>/samples).')
+flags.mark_flags_as_required(['workdir'])
+
+
+def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, top_k: int,
+           top_p: float, num_samples: int, seed: int) -> tuple[list[str], int]:
+  """(samples, checkpoint step) of the run in `workdir`; one-sentence errors for bad inputs."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  import jax
+  import numpy as np
+  from data import text, tokenizers
+  from models import registry
+  from train import checkpoint, loop, sampling
+
+  config = loop.read_config(workdir)
+  tokenizer_path = os.path.join(os.path.abspath(workdir), text.TOKENIZER_FILE)
+  if not os.path.isfile(tokenizer_path):
+    raise FileNotFoundError(f'{tokenizer_path!r} does not exist: the run in {workdir!r} is not a '
+                            'language model run.')
+  tokenizer = tokenizers.load(tokenizer_path)
+  if num_tokens < 1 or num_samples < 1:
+    raise ValueError(f'--num_tokens and --num_samples must be positive, got {num_tokens} and '
+                     f'{num_samples}.')
+  try:
+    prompt_ids = tokenizer.encode(prompt)
+  except ValueError as e:
+    raise ValueError(f'--prompt={prompt!r} cannot be encoded: {e}') from None
+  if not prompt_ids:
+    raise ValueError('--prompt must hold at least one token.')
+  options = config.model.to_dict()
+  model = registry.build(options.pop('name'), None, {'vocab_size': tokenizer.vocab_size}, **options)
+  state = checkpoint.restore_arrays(workdir)
+  params = state['ema_params'] if state.get('ema_params') is not None else state['params']
+  variables = {'params': params, **(state.get('model_state') or {})}
+  use_cache = 'decode' in inspect.signature(type(model).__call__).parameters
+  prompt_BxP = np.tile(np.asarray(prompt_ids, np.int32), (num_samples, 1))
+  tokens = sampling.generate(model, variables, prompt_BxP, jax.random.PRNGKey(seed),
+                             num_new_tokens=num_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, use_cache=use_cache)
+  samples = [tokenizer.decode([int(t) for t in row]) for row in jax.device_get(tokens)]
+  return samples, int(state['step'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
+  logging.set_verbosity(logging.WARNING)
+  try:
+    samples, step = sample(_WORKDIR.value, _PROMPT.value, num_tokens=_NUM_TOKENS.value,
+                           temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+                           num_samples=_NUM_SAMPLES.value, seed=_SEED.value)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f'error: {e}')
+  joined = '\n----\n'.join(samples)
+  output = _OUTPUT.value or os.path.join(_WORKDIR.value, 'samples',
+                                         f'sample_step{step}_seed{_SEED.value}.txt')
+  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  with open(output, 'w', encoding='utf-8') as f:
+    f.write(joined + '\n')
+  print(joined)
+  print(f'(step {step}; written to {output})', file=sys.stderr)
+
+
+if __name__ == '__main__':
+  app.run(main)

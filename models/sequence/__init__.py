@@ -1,0 +1,1 @@
+"""Sequence models: autoregressive networks over a time axis."""

@@ -1,0 +1,253 @@
+"""Token windows, tokenizer files and text sources against brute-force references.
+
+Windows are checked against slices of a stream whose token at position p is
+p itself, so a window's first token names its offset; evaluation coverage is
+checked by collecting every scored (position, token) pair over all windows.
+"""
+
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+
+from data import pipeline
+from data import text
+from data import tokenizers
+from tests.data.test_datasets import assert_one_sentence
+from tests.data.test_datasets import shared_folder
+
+NON_ASCII = 'Naïve café — 東京 と 大阪 🙂 crème brûlée; the quick brown fox.\n' * 4
+
+
+@pytest.fixture(autouse=True)
+def no_outside_sources(monkeypatch):
+  """Only the folders a test passes are seen, whatever this machine holds."""
+  for var in ('JAXLAB_DATA_DIR', 'TINY_SHAKESPEARE_DIR'):
+    monkeypatch.delenv(var, raising=False)
+
+
+# TokenWindows
+
+
+@pytest.mark.parametrize('n, length', [(20, 5), (7, 6), (12, 1)])
+def test_training_windows_are_the_slices_at_every_offset(n, length):
+  tokens = np.arange(n) * 3 + 1
+  windows = text.TokenWindows(tokens, length, training=True)
+  assert len(windows) == n - length
+  for offset in range(n - length):
+    record = windows[offset]
+    np.testing.assert_array_equal(record['tokens'], tokens[offset:offset + length + 1])
+    np.testing.assert_array_equal(record['weights'], np.ones(length))
+    assert record['tokens'].dtype == np.int32 and record['weights'].dtype == np.float32
+  with pytest.raises(IndexError):
+    windows[n - length]
+
+
+@pytest.mark.parametrize('n, length', [(21, 5), (20, 5), (16, 5), (2, 5), (9, 1), (30, 29)])
+def test_eval_windows_score_every_target_exactly_once(n, length):
+  tokens = np.arange(n) + 100  # no pad id among real tokens
+  windows = text.TokenWindows(tokens, length, training=False)
+  scored = []
+  for i in range(len(windows)):
+    record = windows[i]
+    assert record['tokens'].shape == (length + 1,) and record['weights'].shape == (length,)
+    offset = i * length
+    for j in range(length):
+      if record['weights'][j] == 1:
+        scored.append((offset + 1 + j, int(record['tokens'][j + 1])))
+        # The inputs up to the target are the text's own tokens.
+        np.testing.assert_array_equal(record['tokens'][:j + 2], tokens[offset:offset + j + 2])
+      else:
+        assert record['weights'][j] == 0 and record['tokens'][j + 1] == text.PAD_ID
+  assert sorted(scored) == [(p, int(tokens[p])) for p in range(1, n)]
+  assert len(windows) == -(-(n - 1) // length)  # no window without a scored target
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_gather_equals_stacking_records(training):
+  windows = text.TokenWindows(np.random.default_rng(0).integers(0, 50, 37), 6, training=training)
+  indices = np.random.default_rng(1).integers(0, len(windows), 11)
+  batch = windows.gather(indices)
+  for key in ('tokens', 'weights'):
+    np.testing.assert_array_equal(batch[key], np.stack([windows[int(i)][key] for i in indices]))
+  np.testing.assert_array_equal(pipeline.read_batch(windows, indices)['tokens'], batch['tokens'])
+
+
+def test_text_shorter_than_a_window_is_refused():
+  with pytest.raises(ValueError) as error:
+    text.TokenWindows(np.arange(8), 8, training=True)
+  assert_one_sentence(str(error.value), '8 tokens', 'length 8')
+  with pytest.raises(ValueError) as error:
+    text.TokenWindows(np.arange(1), 8, training=False)
+  assert_one_sentence(str(error.value), '1 tokens', 'length 8')
+
+
+def _offsets(iterator, count):
+  return [next(iterator)['tokens'][:, 0].tolist() for _ in range(count)]
+
+
+def test_train_iterator_visits_every_offset_per_epoch_and_resumes_exactly():
+  windows = text.TokenWindows(np.arange(40), 5, training=True)  # 35 windows, 5 batches of 7
+  make = lambda: pipeline.train_iterator(windows, global_batch_size=7, seed=4,
+                                         preprocess=lambda batch: batch, num_threads=0)
+  batches = _offsets(make(), 15)
+  for epoch in range(3):
+    assert sorted(sum(batches[5 * epoch:5 * epoch + 5], [])) == list(range(35))
+  assert batches[:5] != batches[5:10]
+  iterator = make()
+  _offsets(iterator, 3)
+  state = iterator.get_state()
+  expected = _offsets(iterator, 6)  # crosses into the second epoch
+  resumed = make()
+  resumed.set_state(state)
+  assert _offsets(resumed, 6) == expected == batches[3:9]
+
+
+# Tokenizers
+
+
+@pytest.mark.parametrize('kind, vocab_size', [('char', None), ('byte_bpe', 280)])
+def test_saved_tokenizer_reloads_with_identical_encodings(tmp_path, kind, vocab_size):
+  path = str(tmp_path / 'tokenizer.json')
+  trained = text.load_or_train_tokenizer(path, kind, NON_ASCII, vocab_size=vocab_size)
+  assert os.listdir(tmp_path) == ['tokenizer.json']
+  # A different train text shows the second call reads the file instead of training.
+  reloaded = text.load_or_train_tokenizer(path, kind, 'abc', vocab_size=vocab_size)
+  assert reloaded.vocab == trained.vocab
+  assert reloaded.encode(NON_ASCII) == trained.encode(NON_ASCII)
+
+
+@pytest.mark.parametrize('saved, asked, parts', [
+    (('char', None), ('byte_bpe', 280), ['char tokenizer', 'byte_bpe']),
+    (('byte_bpe', 270), ('byte_bpe', 280), ['270 tokens', 'vocab_size=280']),
+    (('byte_bpe', 270), ('char', None), ['byte_bpe tokenizer', 'asks for char']),
+])
+def test_mismatched_tokenizer_file_is_refused_and_kept(tmp_path, saved, asked, parts):
+  path = str(tmp_path / 'tokenizer.json')
+  text.load_or_train_tokenizer(path, saved[0], NON_ASCII, vocab_size=saved[1])
+  with open(path, 'rb') as f:
+    before = f.read()
+  with pytest.raises(ValueError) as error:
+    text.load_or_train_tokenizer(path, asked[0], NON_ASCII, vocab_size=asked[1])
+  assert_one_sentence(str(error.value), path, *parts)
+  with open(path, 'rb') as f:
+    assert f.read() == before
+
+
+def test_crash_while_saving_leaves_no_tokenizer_file(tmp_path, monkeypatch):
+  def crash(self, path):
+    with open(path, 'w') as f:
+      f.write('{"format": "jaxlab-tok')
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(tokenizers.CharTokenizer, 'save', crash)
+  path = str(tmp_path / 'tokenizer.json')
+  with pytest.raises(KeyboardInterrupt):
+    text.load_or_train_tokenizer(path, 'char', NON_ASCII)
+  assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize('kind, vocab_size, parts', [
+    ('word', None, ["'word'", 'char', 'byte_bpe']),
+    ('char', 100, ['char', '100']),
+    ('byte_bpe', None, ['256', 'None']),
+    ('byte_bpe', 200, ['256', '200']),
+])
+def test_bad_tokenizer_options_are_refused(kind, vocab_size, parts):
+  with pytest.raises(ValueError) as error:
+    text.make_tokenizer(kind, NON_ASCII, vocab_size=vocab_size)
+  assert_one_sentence(str(error.value), *parts)
+
+
+def test_token_units_sum_to_characters_or_utf8_bytes():
+  held_out = 'Crème brûlée at 東京 — the fox 🙂 runs.'
+  char = text.make_tokenizer('char', NON_ASCII + held_out)
+  units, unit = text.token_units(char)
+  assert unit == 'char' and units.dtype == np.float32 and units.shape == (char.vocab_size,)
+  assert units[char.encode(held_out)].sum() == len(held_out)
+  bpe = text.make_tokenizer('byte_bpe', NON_ASCII, vocab_size=300)
+  units, unit = text.token_units(bpe)
+  assert unit == 'byte' and units.shape == (300,)
+  ids = bpe.encode(held_out)
+  assert len(ids) < len(held_out.encode('utf-8'))  # merged tokens spell several bytes
+  assert units[ids].sum() == len(held_out.encode('utf-8'))
+
+
+# make_sources over the tiny_shakespeare builder
+
+# 1,000 characters: train is the first 900, validation the next 50 (see
+# data/builders/tiny_shakespeare.py).
+SYNTHETIC = ('First Citizen:\nBefore we proceed any further, hear me speak.\n' * 20)[:1000]
+
+
+def _config(tmp_path, source_dir, **overrides):
+  config = ml_collections.ConfigDict({
+      'name': 'tiny_shakespeare', 'train_split': 'train', 'eval_split': 'validation',
+      'data_dir': str(tmp_path / 'tfds'), 'options': {'source_dir': str(source_dir)},
+      'text_key': 'text', 'tokenizer': 'char', 'vocab_size': None, 'window': 8})
+  config.update(overrides)
+  return config
+
+
+def _write_source(tmp_path, content):
+  folder = tmp_path / 'src'
+  folder.mkdir()
+  (folder / 'input.txt').write_bytes(content.encode('utf-8'))
+  return folder
+
+
+def test_make_sources_char_end_to_end(tmp_path):
+  config = _config(tmp_path, _write_source(tmp_path, SYNTHETIC))
+  train, evaluation, meta = text.make_sources(config, str(tmp_path / 'work'))
+  train_text, eval_text = SYNTHETIC[:900], SYNTHETIC[900:950]
+  tokenizer = meta['tokenizer']
+  assert tokenizer.vocab == sorted(set(train_text)) and meta['vocab_size'] == len(tokenizer.vocab)
+  assert meta['unit'] == 'char' and meta['window'] == 8
+  np.testing.assert_array_equal(meta['token_units'], np.ones(meta['vocab_size']))
+  assert len(train) == 900 - 8 and len(evaluation) == -(-49 // 8)
+  assert tokenizer.decode(train[123]['tokens'].tolist()) == train_text[123:132]
+  assert tokenizer.decode(evaluation[2]['tokens'].tolist()) == eval_text[16:25]
+  assert (tmp_path / 'work' / 'tokenizer.json').is_file()
+
+
+def test_make_sources_byte_bpe_end_to_end(tmp_path):
+  config = _config(tmp_path, _write_source(tmp_path, SYNTHETIC), tokenizer='byte_bpe',
+                   vocab_size=270)
+  train, evaluation, meta = text.make_sources(config, str(tmp_path / 'work'))
+  tokenizer = meta['tokenizer']
+  assert meta['vocab_size'] == 270 and meta['unit'] == 'byte'
+  assert tokenizer.decode(train.tokens.tolist()) == SYNTHETIC[:900]
+  assert tokenizer.decode(evaluation.tokens.tolist()) == SYNTHETIC[900:950]
+  assert len(train) == len(train.tokens) - 8
+  scored = sum(evaluation[i]['weights'].sum() for i in range(len(evaluation)))
+  assert scored == len(evaluation.tokens) - 1
+
+
+def test_unknown_eval_character_is_refused(tmp_path):
+  content = SYNTHETIC[:920] + 'Z' + SYNTHETIC[921:]  # 'Z' only in validation
+  config = _config(tmp_path, _write_source(tmp_path, content))
+  with pytest.raises(ValueError) as error:
+    text.make_sources(config, str(tmp_path / 'work'))
+  assert_one_sentence(str(error.value), "'Z'", "'validation'", 'position 20')
+
+
+def test_read_text_joins_records_and_names_a_missing_feature(tmp_path):
+  source = _write_source(tmp_path, SYNTHETIC)
+  data_dir = str(tmp_path / 'tfds')
+  both = text.read_text('tiny_shakespeare', 'validation+test', data_dir=data_dir,
+                        source_dir=str(source))
+  assert both == SYNTHETIC[900:950] + '\n' + SYNTHETIC[950:]
+  with pytest.raises(ValueError) as error:
+    text.read_text('tiny_shakespeare', 'test', data_dir=data_dir, text_key='content')
+  assert_one_sentence(str(error.value), "'content'", 'text')
+
+
+def test_make_sources_on_the_real_file(tmp_path):
+  folder = shared_folder('tinyshakespeare')
+  config = _config(tmp_path, folder, window=256)
+  train, evaluation, meta = text.make_sources(config, str(tmp_path / 'work'))
+  assert meta['vocab_size'] == 65
+  assert len(train) == 1_003_854 - 256
+  assert len(evaluation) == -(-(55_770 - 1) // 256)
+  assert meta['tokenizer'].decode(train[0]['tokens'].tolist()).startswith('First Citizen:\n')

@@ -1,0 +1,214 @@
+"""n-gram models against hand-computed counts, a loop-and-dict reference and normalisation.
+
+The hand example is the 10-token corpus "abacabadab" over the vocabulary
+a b c d e (e never occurs), so V = 5:
+
+  bigrams      ab ×3, ba ×2, ac, ca, ad, da         S(a) = 5, S(b) = 2, S(c) = S(d) = 1
+  N₁₊(• w)     a: 3 (after b, c, d), b: 1, c: 1, d: 1, e: 0;  N₁₊(• •) = 6
+  trigrams     aba ×2, bac, aca, cab, bad, ada, dab  S(ab) = 2 (the final "ab" has no successor)
+"""
+
+import collections
+from fractions import Fraction
+import random
+
+import numpy as np
+import pytest
+
+from models import ngram
+from tests.data.test_datasets import assert_one_sentence
+
+VOCAB = 'abcde'
+CORPUS = 'abacabadab'
+
+
+def ids(text: str) -> np.ndarray:
+  return np.array([VOCAB.index(c) for c in text])
+
+
+def history(text: str, width: int) -> np.ndarray:
+  """One history row: the ids of `text` padded on the left with -1 to `width`."""
+  row = np.full((1, width), -1)
+  if text:
+    row[0, width - len(text):] = ids(text)
+  return row
+
+
+def model(order, **options):
+  return ngram.NGramModel(ids(CORPUS), vocab_size=len(VOCAB), order=order, **options)
+
+
+# Hand-computed values.
+
+
+def test_add_k_against_hand_counts():
+  bigram = model(2, smoothing='add_k', add_k=0.5)
+  p = bigram.probabilities(np.concatenate([history('a', 1), history('e', 1)]))
+  # (c(h w) + k) / (S(h) + k V) with S(a) = 5: (3 + ½) / (5 + 5/2) for b, ½ / 7.5 for e.
+  np.testing.assert_allclose(p[0], [0.5 / 7.5, 3.5 / 7.5, 1.5 / 7.5, 1.5 / 7.5, 0.5 / 7.5])
+  np.testing.assert_allclose(p[1], np.full(5, 1 / 5))  # "e" never seen as a context
+  trigram = model(3, smoothing='add_k', add_k=1.0)
+  # S(ab) = 2: "ab" is followed by a twice; its last occurrence ends the corpus.
+  np.testing.assert_allclose(trigram.probabilities(history('ab', 2))[0], [3 / 7, 1 / 7, 1 / 7, 1 / 7, 1 / 7])
+
+
+def test_kneser_ney_bigram_against_hand_computation():
+  d = Fraction(3, 4)
+  # Lower level, continuation counts: max(N₁₊(• w) − D, 0) / 6 + D · 4/6 · 1/5.
+  spread = d * 4 / 6 / 5
+  unigram = {w: max(Fraction(n) - d, Fraction(0)) / 6 + spread
+             for w, n in zip(VOCAB, [3, 1, 1, 1, 0])}
+  assert unigram == {'a': Fraction(57, 120), 'b': Fraction(17, 120), 'c': Fraction(17, 120),
+                     'd': Fraction(17, 120), 'e': Fraction(12, 120)}
+  # Top level after "a": max(c(a w) − D, 0) / 5 + D · 3/5 · P(w); after "b": (2 − D)/2 + D/2 · P(w).
+  after_a = {w: max(Fraction(c) - d, Fraction(0)) / 5 + d * 3 / 5 * unigram[w]
+             for w, c in zip(VOCAB, [0, 3, 1, 1, 0])}
+  after_b = {w: max(Fraction(c) - d, Fraction(0)) / 2 + d * 1 / 2 * unigram[w]
+             for w, c in zip(VOCAB, [2, 0, 0, 0, 0])}
+  assert after_a['b'] == Fraction(411, 800) and after_b['a'] == Fraction(257, 320)
+  bigram = model(2, smoothing='kneser_ney', discount=0.75)
+  p = bigram.probabilities(np.concatenate([history(h, 1) for h in 'abe']))
+  np.testing.assert_allclose(p[0], [float(after_a[w]) for w in VOCAB])
+  np.testing.assert_allclose(p[1], [float(after_b[w]) for w in VOCAB])
+  np.testing.assert_allclose(p[2], [float(unigram[w]) for w in VOCAB])  # unseen context
+  # Without context the bigram model is the unigram model of raw counts a 5, b 3, c 1, d 1.
+  raw = [max(Fraction(c) - d, Fraction(0)) / 10 + d * 4 / 10 / 5 for c in [5, 3, 1, 1, 0]]
+  np.testing.assert_allclose(bigram.probabilities(history('', 1))[0], [float(r) for r in raw])
+
+
+def test_unigram_add_zero_is_relative_frequency():
+  tokens = np.random.default_rng(0).integers(0, 7, 500)
+  unigram = ngram.NGramModel(tokens, vocab_size=9, order=1, smoothing='add_k', add_k=0.0)
+  expected = np.bincount(tokens, minlength=9) / len(tokens)
+  np.testing.assert_allclose(unigram.probabilities(np.zeros((1, 0), np.int64))[0], expected)
+
+
+def test_discount_estimate_is_count_of_counts():
+  # Raw bigram counts 3, 2, 1, 1, 1, 1: n₁ = 4, n₂ = 1, D = 4 / 6; the unigram
+  # continuation counts 3, 1, 1, 1: n₁ = 3, n₂ = 0, D = 1.
+  bigram = model(2, discount=None)
+  assert bigram.discounts[1] == pytest.approx(4 / 6)
+  assert bigram.continuation_discounts[0] == pytest.approx(1.0)
+
+
+# A loop-and-dict reference of the same definitions.
+
+
+def _reference(tokens, vocab_size, order, discount, history_ids, target):
+  grams = {m: collections.Counter(tuple(tokens[i:i + m]) for i in range(len(tokens) - m + 1))
+           for m in range(1, order + 1)}
+  continuation = {m: collections.Counter(g[1:] for g in grams[m + 1]) for m in range(1, order)}
+
+  def estimate(counts):
+    n1 = sum(1 for c in counts.values() if c == 1)
+    n2 = sum(1 for c in counts.values() if c == 2)
+    return n1 / (n1 + 2 * n2) if n1 else ngram.FALLBACK_DISCOUNT
+
+  def level(counts, context, lower):
+    followers = {g[-1]: c for g, c in counts.items() if g[:-1] == context}
+    total = sum(followers.values())
+    if total == 0:
+      return lower
+    d = estimate(counts) if discount is None else discount
+    return (max(followers.get(target, 0) - d, 0) + d * len(followers) * lower) / total
+
+  context = tuple(history_ids)[len(history_ids) - min(len(history_ids), order - 1):]
+  p = 1 / vocab_size
+  for m in range(1, len(context) + 1):
+    p = level(continuation[m], context[len(context) - m + 1:], p)
+  return level(grams[len(context) + 1], context, p)
+
+
+@pytest.mark.parametrize('order, discount', [(3, 0.75), (3, None), (4, None)])
+def test_kneser_ney_matches_loop_reference(order, discount):
+  rng = np.random.default_rng(order)
+  tokens = rng.integers(0, 4, 60)  # id 4 and 5 never occur
+  lm = ngram.NGramModel(tokens, vocab_size=6, order=order, discount=discount)
+  histories = [tokens[i - order + 1:i] for i in range(order, 30)]  # seen
+  histories += [rng.integers(0, 6, order - 1) for _ in range(10)]  # mostly unseen
+  histories += [tokens[5:5 + k] for k in range(order - 1)]  # shorter than n − 1
+  for h in histories:
+    row = np.full((1, order - 1), -1)
+    if len(h):
+      row[0, order - 1 - len(h):] = h
+    expected = [_reference(list(tokens), 6, order, discount, list(h), w) for w in range(6)]
+    np.testing.assert_allclose(lm.probabilities(row)[0], expected, rtol=1e-12)
+
+
+# Properties.
+
+
+@pytest.mark.parametrize('order', [1, 2, 3, 4])
+@pytest.mark.parametrize('options', [
+    dict(smoothing='kneser_ney', discount=0.75), dict(smoothing='kneser_ney', discount=None),
+    dict(smoothing='add_k', add_k=1.0), dict(smoothing='add_k', add_k=0.01),
+    dict(smoothing='add_k', add_k=0.0)])
+def test_every_distribution_sums_to_one(order, options):
+  rng = np.random.default_rng(order)
+  tokens = rng.integers(0, 6, 300) // rng.integers(1, 3, 300)  # skewed; ids 6, 7 unseen
+  lm = ngram.NGramModel(tokens, vocab_size=8, order=order, **options)
+  width = order - 1
+  seen = [tokens[i - width:i] for i in range(width, len(tokens))]
+  unseen = [rng.integers(0, 8, width) for _ in range(50)]
+  shorter = [tokens[i:i + k] for i in range(10) for k in range(width)]
+  rows = np.full((len(seen) + len(unseen) + len(shorter), width), -1)
+  for row, h in zip(rows, seen + unseen + shorter):
+    if len(h):
+      row[width - len(h):] = h
+  totals = lm.probabilities(rows).sum(axis=1)
+  np.testing.assert_allclose(totals, 1.0, rtol=1e-12)
+
+
+def test_window_scores_use_only_the_window_before_each_target():
+  tokens = np.random.default_rng(3).integers(0, 5, 200)
+  lm = ngram.NGramModel(tokens, vocab_size=5, order=4)
+  windows = np.stack([tokens[10:19], tokens[50:59]])
+  scores = lm.window_log_probs(windows)
+  for b in range(2):
+    for j in range(8):
+      h = windows[b, max(0, j - 2):j + 1]
+      row = np.full((1, 3), -1)
+      row[0, 3 - len(h):] = h
+      assert scores[b, j] == pytest.approx(lm.log_prob(row, windows[b, j + 1:j + 2])[0], rel=1e-12)
+
+
+def test_sampling_follows_a_deterministic_corpus():
+  # With add-0 every "a" is followed by "b", "b" by "c", "c" by "a".
+  lm = ngram.NGramModel(ids('abc' * 20), vocab_size=5, order=2, smoothing='add_k', add_k=0.0)
+  drawn = lm.sample(ids('ca'), 7, np.random.default_rng(0))
+  assert ''.join(VOCAB[i] for i in drawn) == 'bcabcab'
+
+
+def _english(rng: random.Random, sentences: int) -> str:
+  subjects = ['the king', 'a young man', 'my lord', 'the queen', 'our good friend', 'this old house']
+  verbs = ['loves', 'speaks to', 'remembers', 'follows', 'forgets', 'watches over']
+  objects = ['the river', 'his brother', 'her mother', 'the city', 'every soldier', 'the night']
+  tails = ['.', ' tonight.', ' with care.', ' in silence.', ', and weeps.']
+  return ' '.join(f'{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}{rng.choice(tails)}'
+                  .capitalize() for _ in range(sentences))
+
+
+def test_kneser_ney_beats_add_one_on_held_out_text():
+  train_text, held_out = _english(random.Random(0), 200), _english(random.Random(1), 40)
+  alphabet = sorted(set(train_text + held_out))
+  encode = lambda s: np.array([alphabet.index(c) for c in s])
+  perplexity = {}
+  for options in (dict(smoothing='kneser_ney'), dict(smoothing='add_k', add_k=1.0)):
+    lm = ngram.NGramModel(encode(train_text), vocab_size=len(alphabet), order=3, **options)
+    log_p = lm.window_log_probs(encode(held_out)[None])
+    perplexity[options['smoothing']] = float(np.exp(-log_p.mean()))
+  assert perplexity['kneser_ney'] < 0.9 * perplexity['add_k'], perplexity
+
+
+@pytest.mark.parametrize('options, parts', [
+    (dict(order=0), ['order', '0']),
+    (dict(order=2, smoothing='witten_bell'), ["'witten_bell'", 'kneser_ney', 'add_k']),
+    (dict(order=2, discount=1.5), ['discount', '1.5']),
+    (dict(order=2, add_k=-1.0), ['add_k', '-1.0']),
+    (dict(order=12, vocab_size=65), ['65', '12']),
+])
+def test_bad_options_are_refused_in_one_sentence(options, parts):
+  options = {'vocab_size': 5, **options}
+  with pytest.raises(ValueError) as error:
+    ngram.NGramModel(ids(CORPUS), **options)
+  assert_one_sentence(str(error.value), *parts)

@@ -1,0 +1,108 @@
+"""Tasks: options checked by name and value, weighted sums, and finalized reports."""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from data import tokenizers
+from train import tasks
+
+
+def _one_sentence(fn):
+  with pytest.raises(ValueError) as info:
+    fn()
+  message = str(info.value)
+  assert '\n' not in message and message.endswith('.'), message
+  return message
+
+
+def test_unknown_task_and_unknown_option():
+  assert "'regression'" in _one_sentence(lambda: tasks.build('regression'))
+  message = _one_sentence(lambda: tasks.build('classification', label_smooth=0.1))
+  assert "'label_smooth'" in message and 'label_smoothing' in message
+
+
+@pytest.mark.parametrize('value', [2.0, -0.1, 1.0])
+def test_label_smoothing_outside_the_unit_interval_is_refused(value):
+  message = _one_sentence(lambda: tasks.build('classification', label_smoothing=value))
+  assert f'task.label_smoothing must lie in [0, 1), got {value!r}' in message
+
+
+def test_input_key_must_be_a_feature():
+  message = _one_sentence(lambda: tasks.build('classification', {'features': ('x', 'label')},
+                                              input_key='image'))
+  assert "'image'" in message and 'label, x' in message
+
+
+def test_classification_needs_labels_without_printing_the_data():
+  meta = {'features': ('text',)}
+  message = _one_sentence(lambda: tasks.build('classification', meta, input_key='text'))
+  assert 'label' in message and len(message) < 200
+
+
+def _lm(tokenizer, **options):
+  units = np.array([len(t) for t in tokenizer.vocab], np.float32) if isinstance(
+      tokenizer, tokenizers.CharTokenizer) else np.array(
+          [len(b) for b in tokenizer._token_bytes], np.float32)  # pylint: disable=protected-access
+  unit = 'char' if isinstance(tokenizer, tokenizers.CharTokenizer) else 'byte'
+  return tasks.build('language_model', {'tokenizer': tokenizer, 'token_units': units, 'unit': unit},
+                     **options)
+
+
+class _Fixed:
+  """A 'model' that returns fixed logits, so the loss is known in closed form."""
+
+  def __init__(self, logits):
+    self.logits = logits
+
+  def __call__(self, tokens):
+    return self.logits[:, :tokens.shape[1]]
+
+
+def test_language_model_loss_is_weighted_per_token_and_reports_bits_per_byte():
+  tokenizer = tokenizers.ByteBPETokenizer([('h', 'e')])  # 257 tokens; 'he' is 2 bytes
+  task = _lm(tokenizer, sample_length=0)
+  vocab = tokenizer.vocab_size
+  he, x = tokenizer.encode('he')[0], tokenizer.encode('x')[0]
+  tokens = np.array([[x, he, x, he], [he, x, he, x]], np.int32)
+  weights = np.array([[1, 1, 0], [1, 1, 1]], np.float32)
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 3, vocab)).astype(np.float32)
+  metrics = task.loss(_Fixed(jnp.asarray(logits)), {'tokens': tokens, 'weights': weights})
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(log_probs, tokens[:, 1:, None], -1)[..., 0]
+  totals = {name: (float(np.sum(t)), float(np.sum(w))) for name, (t, w) in metrics.items()}
+  nats = (nll * weights).sum()
+  np.testing.assert_allclose(totals['loss'], (nats, 5.0), rtol=1e-5)
+  # Scored targets: he, x | x, he, x  →  2 + 1 + 1 + 2 + 1 = 7 bytes.
+  np.testing.assert_allclose(totals['nats_per_unit'][1], 7.0)
+  report = task.finalize(totals)
+  np.testing.assert_allclose(report['loss'], nats / 5, rtol=1e-5)
+  np.testing.assert_allclose(report['perplexity'], math.exp(nats / 5), rtol=1e-5)
+  np.testing.assert_allclose(report['bits_per_byte'], nats / 7 / math.log(2), rtol=1e-5)
+
+
+def test_language_model_bits_per_char_equal_bits_per_token_for_characters():
+  task = _lm(tokenizers.CharTokenizer(list('ab')), sample_length=0)
+  report = task.finalize({'loss': (10.0, 4.0), 'accuracy': (1.0, 4.0),
+                          'nats_per_unit': (10.0, 4.0)})
+  assert report['bits_per_char'] == pytest.approx(2.5 / math.log(2))
+  assert report['accuracy'] == 0.25
+
+
+def test_language_model_options_are_checked():
+  tokenizer = tokenizers.CharTokenizer(list('ab'))
+  assert "'z'" in _one_sentence(lambda: _lm(tokenizer, prompt='z'))
+  _lm(tokenizer, prompt='z', sample_length=0)  # no sampling, no prompt to encode
+  assert 'top_p' in _one_sentence(lambda: _lm(tokenizer, top_p=1.5))
+  assert 'temperature' in _one_sentence(lambda: _lm(tokenizer, temperature=-1.0))
+  assert 'sample_length' in _one_sentence(lambda: _lm(tokenizer, sample_length=-3))
+  message = _one_sentence(lambda: tasks.build('language_model', {}))
+  assert 'config.data.tokenizer' in message
+
+
+def test_finalize_of_an_empty_aggregate_is_nan_not_an_error():
+  report = tasks.build('classification').finalize({'loss': (0.0, 0.0)})
+  assert math.isnan(report['loss'])

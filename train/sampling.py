@@ -1,0 +1,157 @@
+"""Autoregressive generation shared by every causal model: logit filters, one sampled token, a loop.
+
+A model follows the protocol of flax/examples/lm1b: `model.apply(variables, tokens_BxT,
+train=False)` returns logits_BxTxV where position t predicts token t+1; a model with a
+cache also takes `decode=True`, sizes its 'cache' collection at `init` from the input
+length, and then consumes one token per `apply(..., mutable=['cache'])`.
+
+Sampling arguments are Python numbers, checked when traced and static under `jit`.
+"""
+
+import functools
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+
+def check_options(temperature, top_k, top_p):
+  if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
+      or not temperature >= 0):
+    raise ValueError(f'temperature must be a Python number >= 0 (0 is greedy), got {temperature!r}.')
+  if top_k is not None and (not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool)
+                            or top_k < 0):
+    raise ValueError(f'top_k must be None or an integer >= 0 (0 keeps every token), got {top_k!r}.')
+  if top_p is not None and (not isinstance(top_p, numbers.Real) or isinstance(top_p, bool)
+                            or not 0 < top_p <= 1):
+    raise ValueError(f'top_p must be None or a number in (0, 1] (1 keeps every token), got {top_p!r}.')
+
+
+def filter_logits(logits_BxV, *, temperature=1.0, top_k=None, top_p=None):
+  """Tempered logits with the tokens outside the top-k and the nucleus set to -inf.
+
+  Temperature: z / T, so softmax(z / T) sharpens as T → 0; T = 0 keeps the argmax only.
+  Top-k: the k largest logits. Nucleus (Holtzman et al. 2020, "The Curious Case of
+  Neural Text Degeneration"): with the survivors sorted so that p_(1) ≥ p_(2) ≥ …
+  (renormalised over the top-k), keep the smallest prefix whose mass Σ_{j≤i} p_(j) ≥ p,
+  i.e. token i is kept iff Σ_{j<i} p_(j) < p; the most probable token is always kept.
+
+  Both sets hold exactly k and exactly that prefix: among equal logits the lower
+  vocabulary index ranks first (the order of `jax.lax.top_k`, which also ranks 0.0
+  above -0.0). top_k None or 0 and top_p None or 1 disable the filter; top_k ≥ V
+  keeps every token.
+  """
+  check_options(temperature, top_k, top_p)
+  logits_BxV = jnp.asarray(logits_BxV, jnp.float32)
+  vocab_size = logits_BxV.shape[-1]
+  if temperature == 0:
+    # The T → 0 limit of softmax(z / T) is a point mass on the argmax; dividing would give inf/nan.
+    top_k, top_p = 1, None
+  else:
+    logits_BxV = logits_BxV / temperature
+  k = min(top_k or vocab_size, vocab_size)
+  p = 1.0 if top_p is None else float(top_p)
+  if k == vocab_size and p == 1.0:
+    return logits_BxV
+  # The nucleus is a prefix of the top-k in sorted order, so one top_k serves both filters.
+  sorted_BxK, order_BxK = jax.lax.top_k(logits_BxV, k)
+  keep_BxK = jnp.ones(sorted_BxK.shape, bool)
+  if p < 1.0:
+    probs_BxK = jax.nn.softmax(sorted_BxK, axis=-1)
+    cumulative_BxK = jnp.cumsum(probs_BxK, axis=-1)
+    # Mass strictly before each token, by shifting: cumsum - probs would round, and a
+    # p equal to a cumulative sum must stop exactly at that token.
+    mass_before_BxK = jnp.concatenate(
+        [jnp.zeros_like(cumulative_BxK[..., :1]), cumulative_BxK[..., :-1]], axis=-1)
+    keep_BxK = mass_before_BxK < p
+  keep_BxV = jnp.put_along_axis(jnp.zeros(logits_BxV.shape, bool), order_BxK, keep_BxK,
+                                axis=-1, inplace=False)
+  return jnp.where(keep_BxV, logits_BxV, -jnp.inf)
+
+
+def sample_token(key, logits_BxV, *, temperature=1.0, top_k=None, top_p=None):
+  """Draws x ~ softmax(filter_logits(z)) per row; temperature 0 is argmax z (key unused)."""
+  check_options(temperature, top_k, top_p)
+  if temperature == 0:
+    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+  logits_BxV = filter_logits(logits_BxV, temperature=temperature, top_k=top_k, top_p=top_p)
+  return jax.random.categorical(key, logits_BxV, axis=-1).astype(jnp.int32)
+
+
+def generate(model, variables, prompt_BxP, key, *, num_new_tokens, temperature=1.0, top_k=None,
+             top_p=None, use_cache=False, return_logits=False):
+  """Extends each prompt by `num_new_tokens` sampled tokens: x_t ~ p(x_t | x_<t), t = P … P+N−1.
+
+  Returns tokens_Bx(P+N) int32 (the prompt unchanged in front) and, with
+  `return_logits`, also logits_BxNxV, the unfiltered float32 logits that drew each new
+  token. Token t is drawn with key `fold_in(key, t)`, so the same logits give the same
+  tokens with and without the cache.
+
+  Without the cache every step reruns the model on a fixed [B, P+N] buffer (causality
+  makes the unwritten tail irrelevant): O(N (P+N)) token evaluations, any causal model.
+  With the cache the model reads one token per step, the prompt included.
+
+  Compiled once per (model, shapes, num_new_tokens, sampling args, use_cache); the model
+  is a static argument and must be hashable (Flax modules with tuple attributes are).
+  Collections other than 'cache' in `variables` (e.g. 'batch_stats') are read, not updated.
+  """
+  check_options(temperature, top_k, top_p)
+  if not isinstance(num_new_tokens, numbers.Integral) or num_new_tokens < 1:
+    raise ValueError(f'num_new_tokens must be an integer >= 1, got {num_new_tokens!r}.')
+  try:
+    hash(model)
+  except TypeError:
+    raise ValueError(f'model must be hashable to be a static jit argument (give its attributes as '
+                     f'tuples, not lists), got {type(model).__name__}.') from None
+  prompt_BxP = jnp.asarray(prompt_BxP)
+  if prompt_BxP.ndim != 2 or prompt_BxP.shape[1] < 1:
+    raise ValueError(f'prompt must have shape [batch, length >= 1], got {prompt_BxP.shape}.')
+  tokens_BxL, logits_BxNxV = _generate(
+      model, variables, prompt_BxP.astype(jnp.int32), key, num_new_tokens=int(num_new_tokens),
+      sampling=(temperature, top_k, top_p), use_cache=use_cache, return_logits=return_logits)
+  return (tokens_BxL, logits_BxNxV) if return_logits else tokens_BxL
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'num_new_tokens', 'sampling', 'use_cache',
+                                             'return_logits'))
+def _generate(model, variables, prompt_BxP, key, *, num_new_tokens, sampling, use_cache,
+              return_logits):
+  temperature, top_k, top_p = sampling
+  batch_size, prompt_length = prompt_BxP.shape
+  total_length = prompt_length + num_new_tokens
+  tokens_BxL = jnp.zeros((batch_size, total_length), jnp.int32).at[:, :prompt_length].set(prompt_BxP)
+  variables = {name: tree for name, tree in variables.items() if name != 'cache'}
+
+  def draw(t, logits_BxV):
+    return sample_token(jax.random.fold_in(key, t), logits_BxV, temperature=temperature,
+                        top_k=top_k, top_p=top_p)
+
+  if not use_cache:
+    def step(tokens_BxL, t):  # t: position written at this step
+      logits_BxLxV = model.apply(variables, tokens_BxL, train=False)
+      logits_BxV = logits_BxLxV[:, t - 1].astype(jnp.float32)
+      tokens_BxL = tokens_BxL.at[:, t].set(draw(t, logits_BxV))
+      return tokens_BxL, logits_BxV if return_logits else None
+
+    tokens_BxL, logits_NxBxV = jax.lax.scan(step, tokens_BxL,
+                                            jnp.arange(prompt_length, total_length))
+  else:
+    # Only the cache's initial values are used; XLA drops the parameter initialisation.
+    cache = model.init(jax.random.PRNGKey(0), tokens_BxL, train=False, decode=True)['cache']
+
+    def step(carry, t):  # t: position read at this step; it predicts t + 1
+      cache, token_B = carry
+      logits_Bx1xV, mutated = model.apply({**variables, 'cache': cache}, token_B[:, None],
+                                          train=False, decode=True, mutable=['cache'])
+      logits_BxV = logits_Bx1xV[:, 0].astype(jnp.float32)
+      # Inside the prompt the next token is forced; the draw is discarded.
+      next_B = jnp.where(t + 1 < prompt_length, tokens_BxL[:, t + 1], draw(t + 1, logits_BxV))
+      return (mutated['cache'], next_B), (next_B, logits_BxV if return_logits else None)
+
+    # S = L - 1 steps: every position but the last is read once.
+    _, (next_SxB, logits_SxBxV) = jax.lax.scan(step, (cache, tokens_BxL[:, 0]),
+                                               jnp.arange(total_length - 1))
+    tokens_BxL = jnp.concatenate([tokens_BxL[:, :1], next_SxB.T], axis=1)
+    logits_NxBxV = None if logits_SxBxV is None else logits_SxBxV[prompt_length - 1:]
+  logits_BxNxV = None if logits_NxBxV is None else logits_NxBxV.transpose(1, 0, 2)
+  return tokens_BxL, logits_BxNxV
