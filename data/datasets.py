@@ -20,16 +20,32 @@ there on later calls; the local builders write `jaxlab_<name>/` so they never
 mix with a catalog copy of the same data set. A data set that is neither
 prepared nor obtainable (its local files absent, or no network for a catalog
 one) fails within a few seconds with a FileNotFoundError saying what to supply.
+
+Preparing a local data set prints one line on stderr,
+
+  preparing data set 'digits' in DATA_DIR/jaxlab_digits/1.0.0 ... done (1,797 examples, 0.4 s)
+
+and nothing else: TFDS's banners, progress bars and warnings are held back
+while it runs. Preparations of one data set take turns (a file lock beside its
+versions), so processes started together prepare it once; folders an
+interrupted preparation left behind are removed first.
 """
 
+import contextlib
+import fcntl
+import io
+import logging
 import os
+import shutil
 import socket
+import sys
 import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
 
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core.utils import tqdm_utils
 
 from data.builders import digits
 from data.builders import fashion_mnist
@@ -80,7 +96,7 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
     raise TypeError(f"Data set '{name}' is generated, not read from files: it takes no source_dir.")
   builder = make_builder(name, data_dir=data_dir, **options)
   _check_split(name, split, _known_splits(builder))
-  if not builder.is_prepared():
+  if not _is_prepared(builder):
     _prepare(name, builder, source_dir)
     _check_split(name, split, _known_splits(builder))
   if builder.info.splits[split].num_examples == 0:
@@ -132,13 +148,20 @@ def _check_split(name: str, split, allowed: Sequence[str]) -> None:
                        f'its splits are: {", ".join(allowed)}.')
 
 
+def _is_prepared(builder) -> bool:
+  # TFDS warns that the version folder lacks dataset_info.json when it is
+  # merely not there yet, which is the usual reason to ask.
+  with _tfds_quiet():
+    return builder.is_prepared()
+
+
 def _prepare(name: str, builder, source_dir) -> None:
   if name in LOCAL_BUILDERS:
     config = None
     if sources.reads_local_files(type(builder)):
       folder = sources.find_dir(name, type(builder), source_dir, builder.data_dir)
       config = tfds.download.DownloadConfig(manual_dir=folder)
-    builder.download_and_prepare(download_config=config)
+    _prepare_local(name, builder, config)
     return
   hosts = _download_hosts(builder)
   if not _reachable(hosts, PROBE_TIMEOUT_S):
@@ -149,6 +172,77 @@ def _prepare(name: str, builder, source_dir) -> None:
         f'network access and copy it into the data directory given by data_dir= or '
         f'${DATA_DIR_ENV_VAR}.')
   builder.download_and_prepare()
+
+
+def _prepare_local(name: str, builder, download_config) -> None:
+  """Prepares a local data set with one line of output, unless another process just did."""
+  versions_dir = os.path.dirname(builder.data_dir)
+  with _preparation_lock(versions_dir):
+    if _is_prepared(builder):  # another process prepared it while this one waited
+      builder.info.read_from_directory(builder.data_dir)
+      return
+    _remove_incomplete(builder.data_dir)
+    start = time.perf_counter()
+    print(f"preparing data set '{name}' in {builder.data_dir} ...", end=' ', file=sys.stderr,
+          flush=True)
+    try:
+      with _tfds_quiet():
+        builder.download_and_prepare(download_config=download_config)
+    except BaseException:
+      print('failed', file=sys.stderr, flush=True)  # the error's own line follows
+      raise
+    examples = sum(split.num_examples for split in builder.info.splits.values())
+    print(f'done ({examples:,} examples, {time.perf_counter() - start:.1f} s)', file=sys.stderr,
+          flush=True)
+
+
+@contextlib.contextmanager
+def _preparation_lock(versions_dir: str):
+  """Holds an exclusive lock on `versions_dir`/.preparing.lock (waiting for it), so that
+  any incomplete folder seen inside is a dead preparation's, not a live one's."""
+  os.makedirs(versions_dir, exist_ok=True)
+  with open(os.path.join(versions_dir, '.preparing.lock'), 'a', encoding='utf-8') as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX)
+    except OSError:
+      pass  # a file system without locks: preparations may overlap, as TFDS allows
+    yield  # closing the file drops the lock, however the preparation ends
+
+
+def _remove_incomplete(version_dir: str) -> None:
+  """Removes the `incomplete.*_<version>` folders TFDS leaves beside `version_dir` when
+  a preparation is interrupted; other versions' folders are not touched."""
+  parent, version = os.path.split(version_dir.rstrip('/'))
+  prefix, suffix = 'incomplete.', f'_{version}'
+  for entry in os.listdir(parent):
+    path = os.path.join(parent, entry)
+    if entry.startswith(prefix) and entry.endswith(suffix) and os.path.isdir(path):
+      shutil.rmtree(path)
+
+
+class _DropTfdsRecords(logging.Filter):
+  """Drops TFDS's own log records below ERROR (all TFDS logs go to absl's logger)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    from_tfds = f'{os.sep}tensorflow_datasets{os.sep}' in record.pathname
+    return record.levelno >= logging.ERROR or not from_tfds
+
+
+@contextlib.contextmanager
+def _tfds_quiet():
+  """Within: no TFDS progress bars, stdout banners, or log records below ERROR."""
+  absl_logger = logging.getLogger('absl')
+  log_filter = _DropTfdsRecords()
+  # TFDS offers only setters for its progress bars; its flag is read to restore it.
+  bars_were_on = getattr(tqdm_utils, '_active', True)
+  tfds.display_progress_bar(False)
+  absl_logger.addFilter(log_filter)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      yield
+  finally:
+    absl_logger.removeFilter(log_filter)
+    tfds.display_progress_bar(bars_were_on)
 
 
 def _download_hosts(builder) -> tuple[tuple[str, int], ...]:

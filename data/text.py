@@ -74,8 +74,9 @@ def _describe(tokenizer) -> str:
   return f'a {kind} tokenizer of {tokenizer.vocab_size} tokens'
 
 
-def load_or_train_tokenizer(path: str, kind: str, train_text: str, *, vocab_size=None):
-  """The tokenizer saved at `path`, or one trained on `train_text` and saved there.
+def load_or_train_tokenizer(path: str, kind: str, train_text: str, *, vocab_size=None,
+                            save: bool = True):
+  """The tokenizer saved at `path`, or one trained on `train_text` (and saved there if `save`).
 
   A saved tokenizer of another kind or size is refused and left as it is: it
   belongs to an earlier run whose checkpoints depend on it. The new file is
@@ -93,6 +94,8 @@ def load_or_train_tokenizer(path: str, kind: str, train_text: str, *, vocab_size
                        f'for {asked}; use another workdir or delete the file to retrain.')
     return tokenizer
   tokenizer = make_tokenizer(kind, train_text, vocab_size=vocab_size)
+  if not save:
+    return tokenizer
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   temporary = path + '.tmp'
   tokenizer.save(temporary)
@@ -179,8 +182,9 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
 
   Returns:
     (train windows, eval windows, meta) with meta holding 'vocab_size',
-    'tokenizer', 'token_units' (float32 [V], see `token_units`), 'unit' and
-    'window'.
+    'tokenizer', 'token_units' (float32 [V], see `token_units`), 'unit',
+    'window' and 'workdir_files' ({'tokenizer.json': save function}: the
+    tokenizer is not written here, so a config that fails later writes nothing).
   """
   kind, vocab_size = data_config.tokenizer, data_config.get('vocab_size')
   _check_tokenizer_options(kind, vocab_size)
@@ -192,12 +196,13 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
                                  text_key=data_config.get('text_key', 'text'),
                                  **dict(data_config.get('options') or {}))
   train_text, eval_text = read(data_config.train_split), read(data_config.eval_split)
+  # Saved by the caller once the whole config is known to work (`meta['workdir_files']`).
   tokenizer = load_or_train_tokenizer(os.path.join(workdir, TOKENIZER_FILE), kind, train_text,
-                                      vocab_size=vocab_size)
+                                      vocab_size=vocab_size, save=False)
   train_tokens = _encode(tokenizer, train_text, name, data_config.train_split)
   eval_tokens = _encode(tokenizer, eval_text, name, data_config.eval_split)
   units, unit = token_units(tokenizer)
   meta = {'vocab_size': tokenizer.vocab_size, 'tokenizer': tokenizer, 'token_units': units,
-          'unit': unit, 'window': window}
+          'unit': unit, 'window': window, 'workdir_files': {TOKENIZER_FILE: tokenizer.save}}
   return (TokenWindows(train_tokens, window, training=True),
           TokenWindows(eval_tokens, window, training=False), meta)

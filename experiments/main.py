@@ -4,44 +4,314 @@ r"""Trains any experiment config with the shared train library.
       --workdir=/tmp/digits_mlp [--config.optimizer.learning_rate=0.01 ...]
 
 Rerunning the same command resumes from the latest checkpoint in --workdir.
-For a multi-process run, give every process the same --coordinator_address and
---num_processes and its own --process_id (or set JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES, JAX_PROCESS_ID).
+Multi-process runs: under SLURM, Open MPI or on Cloud TPU start one process per
+task and JAX finds the others (--distributed=auto); elsewhere give every process
+the same --coordinator_address and --num_processes and its own --process_id (or
+set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
 """
 
+import ast
+import difflib
+import glob
+import importlib.machinery
+import importlib.util
 import os
+import re
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
+import ml_collections
 from ml_collections import config_flags
+from ml_collections.config_flags import config_path
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.',
-                                          lock_config=True)
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs')
+_DEFAULTS = 'experiments/configs/default.py'
+_NOT_EXPERIMENTS = ('__init__.py', 'default.py')
+_HELP_ARGS = ('-?', '-help', '--help', '-helpshort', '--helpshort', '-helpfull', '--helpfull')
+
+
+class ConfigError(flags.Error):
+  """A config file that cannot be loaded, in one sentence."""
+
+
+class _ConfigFileParser(flags.ArgumentParser):
+  """Loads `path[:argument]` and returns its locked `get_config(argument)`, as config_flags'
+  own parser does, but with every way a config file fails put in one sentence.
+
+  config_flags defers a missing file to the first use of the config and lets a
+  syntax error or get_config's own exception out as a traceback.
+  """
+
+  config = None  # the loaded config, kept to explain a bad override
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def flag_type(self) -> str:
+    return 'config object'
+
+  def parse(self, path):
+    filename, *arguments = path.split(':', 1)
+    if not os.path.isfile(filename):
+      raise ConfigError(f'The config file {filename!r} does not exist; the experiment configs '
+                        f'are: {", ".join(_config_paths())}.')
+    # Any file name, as config_flags allows: the loader does not go by the suffix.
+    loader = importlib.machinery.SourceFileLoader(f'{self.name}_config', filename)
+    spec = importlib.util.spec_from_file_location(loader.name, filename, loader=loader)
+    try:
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+    except SyntaxError as e:
+      raise ConfigError(f'The config file {filename!r} has a syntax error at line {e.lineno}: '
+                        f'{e.msg}.') from None
+    except Exception as e:  # pylint: disable=broad-except
+      raise ConfigError(f'Importing the config file {filename!r} failed: {_one_line(e)}.') from None
+    if not callable(getattr(module, 'get_config', None)):
+      raise ConfigError(f'The config file {filename!r} defines no get_config().')
+    try:
+      config = module.get_config(*arguments)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ConfigError(f'get_config() of {filename!r} failed: {_one_line(e)}.') from None
+    if not isinstance(config, ml_collections.ConfigDict):
+      raise ConfigError(f'get_config() of {filename!r} returned {type(config).__name__}, '
+                        'not an ml_collections.ConfigDict.')
+    config.lock()  # an override of a key the config lacks is an error, not a new key
+    self.config = config
+    return config
+
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
+# config_flags still defines and applies the --config.KEY overrides; only loading is ours.
+flags.FLAGS['config'].parser = _ConfigFileParser('config')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, logs and metrics.')
+# train.distributed.MODES, not imported here: it imports JAX, which --help and flag errors skip.
+_DISTRIBUTED = flags.DEFINE_enum(
+    'distributed', 'auto', ['auto', 'manual', 'off'],
+    'auto: join a multi-process run when a coordinator is given or JAX detects a cluster job '
+    '(SLURM, Open MPI, Cloud TPU); manual: join the run named by --coordinator_address, '
+    '--num_processes and --process_id; off: run alone.')
 _COORDINATOR = flags.DEFINE_string('coordinator_address', os.environ.get('JAX_COORDINATOR_ADDRESS'),
                                    'host:port of process 0, for multi-process runs.')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in a multi-process run.')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process in a multi-process run.')
-flags.mark_flags_as_required(['config', 'workdir'])
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    'allow_config_change', False, 'Resume the checkpoints of --workdir although the config '
+    'differs from the one that wrote them (beyond step counts and log/eval/checkpoint intervals).')
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
+  del argv  # _parse_flags refused any positional argument
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
-  # Imported after flag parsing so `--help` stays fast.
-  from train import distributed, loop  # pylint: disable=g-import-not-at-top
-  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    # A failed checkpoint write reaches the person as one sentence of ours; Orbax's
+    # own log records of it (tracebacks from its threads) show with --verbosity=0.
+    logging.get_absl_handler().addFilter(
+        lambda record: f'{os.sep}orbax{os.sep}' not in record.pathname)
+  # Imported after flag parsing so that `--help` and flag errors stay fast.
+  from train import distributed  # pylint: disable=g-import-not-at-top
   try:
-    run = loop.setup(_CONFIG.value, _WORKDIR.value)
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                           mode=_DISTRIBUTED.value)
+    from train import loop  # pylint: disable=g-import-not-at-top
+    run = loop.setup(_CONFIG.value, _WORKDIR.value,
+                     allow_config_change=_ALLOW_CONFIG_CHANGE.value)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')
-  final = run.train()
+  except KeyboardInterrupt:
+    # Before training starts (while data is prepared or steps are traced).
+    sys.stderr.write('interrupted before training started; nothing was written\n')
+    sys.exit(130)
+  _quiet_closed_event_loop_callbacks()
+  try:
+    final = run.train()
+  except loop.Stopped as e:  # a stop signal, or too many non-finite steps
+    sys.stderr.write(f'{e}\n')
+    sys.exit(e.exit_code)
+  except (ValueError, FileNotFoundError) as e:
+    # E.g. a checkpoint write that failed: Orbax's background threads of that save
+    # wait for signals that never come, so the interpreter could not shut down.
+    sys.stderr.write(f'error: {e}\n')
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(1)  # pylint: disable=protected-access
   print('final eval: ' + ' '.join(f'{k}={v:.4f}' for k, v in sorted(final.items())))
 
 
+def _quiet_closed_event_loop_callbacks() -> None:
+  """After a checkpoint write fails, TensorStore still calls back into Orbax's closed event
+  loops, and each call reports an unraisable RuntimeError with its traceback; the failure
+  itself is reported in one sentence."""
+  default = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == 'Event loop is closed'):
+      default(unraisable)
+  sys.unraisablehook = hook
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with `--help` exiting 0 and every wrong input one `error:` line."""
+  before_separator = argv[1:argv.index('--')] if '--' in argv else argv[1:]
+  help_args = [arg for arg in before_separator if arg in _HELP_ARGS]
+  if help_args:
+    print(_help_text(full='full' in help_args[0]))
+    sys.exit(0)
+  try:
+    rest = flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    # Parsing runs the config file's own code and config_flags' overrides:
+    # whatever fails there, the person at the command line gets the sentence.
+    _exit_with(_parse_error(e, argv))
+  if len(rest) > 1:
+    _exit_with(f'Unexpected arguments {" ".join(rest[1:])!r}: every option is a flag, '
+               'e.g. --config.seed=1 (see --help).')
+  if _CONFIG.value is None:
+    _exit_with(_missing('--config', 'the experiment config file, e.g. '
+                        '--config=experiments/configs/digits_mlp.py'))
+  if not _WORKDIR.value:
+    _exit_with(_missing('--workdir', 'the directory for checkpoints, logs and metrics, e.g. '
+                        '--workdir=workdirs/digits_mlp'))
+  return rest
+
+
+def _exit_with(sentence: str):
+  sys.stderr.write(f'error: {sentence}\n')
+  sys.exit(1)
+
+
+def _missing(flag: str, what: str) -> str:
+  return f'{flag} is missing; give {what}.'
+
+
+def _parse_error(error: Exception, argv: list[str]) -> str:
+  """One sentence saying which argument is wrong and what it may be."""
+  if isinstance(error, ConfigError):
+    return str(error)
+  config = flags.FLAGS['config'].parser.config
+  if config is None and not any(re.match(r'-{1,2}config(=|$)', arg) for arg in argv[1:]):
+    return _missing('--config', 'the experiment config file before any --config.KEY override')
+  overrides = _overrides(argv)
+  if config is not None:
+    for path, arg in overrides.items():
+      unknown = _unknown_key(config, path, arg)
+      if unknown:
+        return unknown
+  if isinstance(error, flags.UnrecognizedFlagError):
+    known = [name for name in flags.FLAGS if not name.startswith('config.')]
+    close = difflib.get_close_matches(error.flagname, known, n=1)
+    hint = f'; did you mean --{close[0]}?' if close else ''
+    return f'Unknown flag --{error.flagname}{hint} (see --help).'
+  message = str(error)
+  if isinstance(error, flags.IllegalFlagValueError) and config is not None:
+    for path, arg in overrides.items():
+      if message.startswith(f'flag --config.{path}='):
+        kind = config_path.get_type(path, config).__name__
+        return (f'{arg} is not a valid {kind}: config.{path} holds '
+                f'{config_path.get_value(path, config)!r}.')
+  return _one_line(message).removeprefix('flag ') + '.'
+
+
+def _overrides(argv: list[str]) -> dict[str, str]:
+  """Config path -> the argument setting it ('optimizer.name' -> '--config.optimizer.name=sgd')."""
+  found = {}
+  for arg in argv[1:]:
+    match = re.match(r'-{1,2}(?:no)?config\.([^=]+)', arg)
+    if match:
+      found[match.group(1)] = arg
+  return found
+
+
+def _unknown_key(config: ml_collections.ConfigDict, path: str, arg: str) -> str | None:
+  """The sentence for an override naming a key the config lacks, or None if it has it."""
+  if '[' in path:  # item syntax (key['x']) is left to config_flags
+    return None
+  node, parents = config, []
+  for name in path.split('.'):
+    if isinstance(node, ml_collections.ConfigDict) and name in node:
+      node, parents = node[name], parents + [name]
+      continue
+    parent = '.'.join(parents)
+    flag = arg.split('=', 1)[0]
+    if not isinstance(node, ml_collections.ConfigDict):
+      return f'{flag}: config.{parent} is the value {node!r}, which has no keys such as {name!r}.'
+    where = f'config.{parent}' if parent else 'the config'
+    sentence = f'{flag}: {where} has no key {name!r}'
+    if not node:
+      return (f'{sentence}; it is empty, so set it whole, e.g. '
+              f'--config.{parent}="{{\'{name}\': ...}}".')
+    nearest = _nearest_keys(config, parents, name)
+    if nearest:
+      sentence += f' (nearest: {", ".join(nearest)})'
+    return f'{sentence}; every key and its default is in {_DEFAULTS}.'
+  return None
+
+
+def _nearest_keys(config, parents: list[str], name: str) -> list[str]:
+  """Keys beside the missing one that are spelled like it, and keys of that name elsewhere."""
+  siblings = config
+  for parent in parents:
+    siblings = siblings[parent]
+  prefix = ''.join(f'{p}.' for p in parents)
+  close = [prefix + key for key in difflib.get_close_matches(name, list(siblings.keys()), n=3)]
+  elsewhere = [path for path in _all_keys(config) if path.rsplit('.', 1)[-1] == name]
+  return list(dict.fromkeys(elsewhere + close))[:4]
+
+
+def _all_keys(config, prefix: str = '') -> list[str]:
+  keys = []
+  for key, value in config.items():
+    keys.append(prefix + key)
+    if isinstance(value, ml_collections.ConfigDict):
+      keys += _all_keys(value, f'{prefix}{key}.')
+  return keys
+
+
+def _one_line(error) -> str:
+  """`error` (or its message) on one line: 'Type: first line' for exceptions."""
+  if isinstance(error, BaseException):
+    text = str(error).strip().splitlines()
+    return f'{type(error).__name__}: {text[0] if text else ""}'.rstrip(': .')
+  return ' '.join(str(error).split()).rstrip('.')
+
+
+def _config_paths() -> list[str]:
+  return [f'experiments/configs/{name}' for name, _ in _experiment_configs()]
+
+
+def _experiment_configs() -> list[tuple[str, str]]:
+  """(file name, first line of its docstring) of every experiment config."""
+  configs = []
+  for path in sorted(glob.glob(os.path.join(CONFIG_DIR, '*.py'))):
+    name = os.path.basename(path)
+    if name in _NOT_EXPERIMENTS:
+      continue
+    with open(path, encoding='utf-8') as f:
+      try:
+        doc = ast.get_docstring(ast.parse(f.read())) or ''
+      except SyntaxError:
+        doc = '(does not parse)'
+    configs.append((name, doc.strip().splitlines()[0] if doc.strip() else ''))
+  return configs
+
+
+def _help_text(full: bool) -> str:
+  """The usage, the flags, the experiment configs and the registered models and tasks."""
+  # Imported only for --help: both pull in JAX, Flax and TFDS.
+  from models import registry  # pylint: disable=g-import-not-at-top
+  from train import tasks  # pylint: disable=g-import-not-at-top
+  flag_help = flags.FLAGS.get_help() if full else flags.FLAGS.main_module_help()
+  width = max(len(name) for name, _ in _experiment_configs())
+  configs = '\n'.join(f'  {name:<{width}}  {doc}' for name, doc in _experiment_configs())
+  return (f'{__doc__.strip()}\n\nflags:\n{flag_help}\n\n'
+          f'Experiment configs (--config=experiments/configs/NAME.py):\n{configs}\n\n'
+          f'Models (--config.model.name): {", ".join(sorted(registry.MODELS))}\n'
+          f'Tasks (--config.task.name): {", ".join(sorted(tasks.TASKS))}\n\n'
+          f'Every --config.KEY and its default: {_DEFAULTS}. '
+          f'{"" if full else "Every flag: --helpfull."}')
+
+
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 import time
 from typing import Any, Callable, Iterator
 
@@ -24,6 +25,8 @@ from data import inputs
 from data import pipeline
 from models import registry
 from train import checkpoint, metrics as metrics_lib, optim, parallel as parallel_lib, step as step_lib
+from train import preemption
+from train import workdir as workdir_lib
 from train import tasks
 from train.state import init_train_state
 
@@ -33,17 +36,60 @@ _HOOK_STREAM = 0x4007
 
 
 def check_workdir(workdir: str) -> str:
-  """Creates `workdir` if needed and proves it writable, or raises one sentence."""
+  """The absolute `workdir` if it is, or can be created as, a writable folder; else one sentence.
+
+  Creates nothing: a run creates its work directory only once every check passed.
+  """
   workdir = os.path.abspath(workdir)
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, f'.write_test_{os.getpid()}')
-    with open(probe, 'w', encoding='utf-8') as f:
-      f.write('ok')
-    os.remove(probe)
-  except OSError as e:
-    raise ValueError(f'The work directory {workdir!r} is not writable ({e.strerror}).') from None
+  existing = workdir
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ValueError(f'The work directory {workdir!r} is not writable ({existing!r} is a file).')
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ValueError(f'The work directory {workdir!r} is not writable (permission denied on '
+                     f'{existing!r}).')
   return workdir
+
+
+# Config keys a resumed run may change: how long it runs, how often it reports and
+# saves, and where and how it runs (a checkpoint restores on any device count).
+RESUMABLE_CHANGES = ('num_train_steps', 'log_every_steps', 'eval_every_steps',
+                     'checkpoint_every_steps', 'checkpoints_to_keep', 'max_bad_steps',
+                     'profile_steps', 'parallel.', 'data.data_dir', 'data.num_threads',
+                     'data.options.source_dir')
+
+
+def _flatten(tree, prefix='') -> dict:
+  if isinstance(tree, dict):
+    out = {}
+    for key, value in tree.items():
+      out.update(_flatten(value, f'{prefix}{key}.'))
+    return out
+  if isinstance(tree, (list, tuple)):
+    tree = [_flatten(v, '') if isinstance(v, dict) else v for v in tree]
+  return {prefix[:-1]: tree}
+
+
+def check_record(config, workdir: str, allow_config_change: bool = False) -> None:
+  """Refuses, in one sentence, to resume the checkpoints of `workdir` under a changed config."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  if allow_config_change or not os.path.exists(path) or not os.path.isdir(checkpoints) or not any(
+      name.isdigit() for name in os.listdir(checkpoints)):
+    return
+  saved = _flatten(json.loads(read_config(workdir).to_json()))
+  wanted = _flatten(json.loads(config.to_json_best_effort()))
+  changed = sorted(key for key in set(saved) | set(wanted)
+                   if saved.get(key) != wanted.get(key)
+                   and not any(key == c or (c.endswith('.') and key.startswith(c))
+                               for c in RESUMABLE_CHANGES))
+  if changed:
+    shown = ', '.join(f'{k} ({saved.get(k)!r} -> {wanted.get(k)!r})' for k in changed[:5])
+    more = f' and {len(changed) - 5} more' if len(changed) > 5 else ''
+    raise ValueError(f'The checkpoints in {workdir!r} were written with another config: '
+                     f'{shown}{more} differ; use a new --workdir, the config that wrote them, or '
+                     '--allow_config_change to resume under the new one on purpose.')
 
 
 def _check_positive(config, *names):
@@ -68,6 +114,7 @@ class Run:
   train_source: Any
   eval_source: Any
   checkpointer: checkpoint.Checkpointer
+  lock: Any = None  # the work directory's lock (`train.workdir`), released when training ends
 
   def train_iterator(self) -> Iterator:
     threads = self.config.data.get('num_threads')
@@ -116,72 +163,197 @@ class Run:
     return outputs
 
   def train(self) -> dict:
-    """Trains (resuming from the latest checkpoint) and returns the final eval metrics."""
+    """Trains (resuming from the newest good checkpoint) and returns the final eval metrics.
+
+    Raises `Stopped` when a stop signal, or `max_bad_steps` non-finite steps in a
+    row, end the run early.
+    """
     config, par = self.config, self.parallel
     abstract = par.abstract_state(self.init_fn, self.rng)
     train_iter = self.train_iterator()
-    if self.checkpointer.latest_step() is not None:
-      state, data_state = self.checkpointer.restore(abstract)
-      train_iter.set_state(data_state['iterator'])
-    else:
+    restored = self.checkpointer.restore_latest(abstract)
+    if restored is None:
       state = par.init_state(self.init_fn, self.rng)
+    else:
+      state, data_state, _ = restored
+      train_iter.set_state(data_state['iterator'])
     start_step = int(jax.device_get(state.step))
     total = config.num_train_steps
+    if start_step:
+      _say(f'already finished at step {total}' if start_step >= total else
+           f'resuming from step {start_step} of {total}')
     train_step = par.compile_train_step(self.train_step_fn(), abstract)
     eval_step = par.compile_eval_step(self.eval_step_fn(), abstract)
-    writer = metrics_lib.MetricWriter(self.workdir, total)
+    writer = metrics_lib.MetricWriter(self.workdir, total, start_step=start_step)
     state = par.to_run_layout(state)
+    # In a multi-process run every process must stop at the same step: each
+    # step reduces every process's stop request over the global batch.
+    shared_stop = jax.process_count() > 1
+    profile = _ProfileWindow(self.workdir, config.get('profile_steps') or ())
 
     pending, log_due, last_log = [], None, (start_step, time.time())
-    eval_metrics = {}
+    previous, bad_in_a_row = None, 0
+    eval_metrics, stopped = {}, None
     if start_step >= total:  # already finished: report the final model again
       eval_metrics = self.evaluate(eval_step, par.to_canonical(state))
-    for step in range(start_step, total):
-      batch = par.shard_batch(next(train_iter))
-      state, step_metrics = train_step(state, batch)
-      # Step `step` is now dispatched; reading the metrics of earlier steps
-      # lets the device work while the host writes logs.
-      if log_due is not None:
-        last_log = self._log_train(writer, log_due, pending, last_log)
-        pending, log_due = [], None
-      pending.append(step_metrics)
-      done = step + 1
-      if done % config.log_every_steps == 0 or done == total:
-        log_due = done
-      is_eval = done % config.eval_every_steps == 0 or done == total
-      is_ckpt = done % config.checkpoint_every_steps == 0 or done == total
-      if is_eval or is_ckpt:
-        canonical = par.to_canonical(state)
-        if is_ckpt:
-          # Orbax copies the arrays to the host as soon as `save` is called; with
-          # the step still running, those copies can hold the threads that a
-          # multi-device CPU step needs for its collectives.
-          jax.block_until_ready(canonical)
-          self.checkpointer.save(done, canonical, {'iterator': train_iter.get_state()},
-                                 force=done == total)
-        if is_eval:
-          eval_metrics = self.evaluate(eval_step, canonical)
-          writer.write(done, 'eval', eval_metrics)
-          writer.write_outputs(done, self.run_hooks(canonical, done))
-    if log_due is not None:
-      self._log_train(writer, log_due, pending, last_log)
-    self.checkpointer.close()
-    writer.close()
+    with preemption.StopRequest() as stop:
+      try:
+        for step in range(start_step, total):
+          profile.before(step)
+          batch = next(train_iter)
+          if shared_stop:
+            batch['stop_requested'] = np.full(len(jax.tree.leaves(batch)[0]), stop.requested, np.int32)
+          state, step_metrics = train_step(state, par.shard_batch(batch))
+          profile.after(step, state)
+          # Step `step` is now dispatched; reading the metrics of earlier steps
+          # lets the device work while the host writes logs.
+          stop_agreed = False
+          if previous is not None:
+            control = jax.device_get({k: previous[k] for k in ('skipped', 'stop_requested')
+                                      if k in previous})
+            stop_agreed = bool(control.get('stop_requested', 0))
+            bad_in_a_row = bad_in_a_row + 1 if control['skipped'] else 0
+          if log_due is not None:
+            last_log = self._log_train(writer, log_due, pending, last_log)
+            pending, log_due = [], None
+          if bad_in_a_row >= config.max_bad_steps:
+            if pending:  # the steps up to `step`, so the skipped ones are on record
+              self._log_train(writer, step, pending, last_log)
+            raise Stopped(
+                f'The loss or gradients were not finite for {bad_in_a_row} steps in a row '
+                f'(steps {step - bad_in_a_row + 1}-{step}), each skipped; the run stops at step '
+                f'{step} with its last finite state and its checkpoints intact (lower '
+                'optimizer.learning_rate or set optimizer.grad_clip_norm).', exit_code=1)
+          pending.append(step_metrics)
+          previous = step_metrics
+          done = step + 1
+          # A multi-process run stops on the previous step's reduced request, which
+          # every process reads alike, so all stop after the same step.
+          stopping = stop_agreed if shared_stop else stop.requested
+          if done % config.log_every_steps == 0 or done == total or stopping:
+            log_due = done
+          is_eval = (done % config.eval_every_steps == 0 or done == total) and not stopping
+          is_ckpt = done % config.checkpoint_every_steps == 0 or done == total or stopping
+          if is_eval or is_ckpt:
+            canonical = par.to_canonical(state)
+            if is_ckpt:
+              # Orbax copies the arrays to the host as soon as `save` is called; with
+              # the step still running, those copies can hold the threads that a
+              # multi-device CPU step needs for its collectives.
+              jax.block_until_ready(canonical)
+              self._save(done, canonical, train_iter, force=done == total or stopping)
+            if is_eval:
+              eval_metrics = self.evaluate(eval_step, canonical)
+              writer.write(done, 'eval', eval_metrics)
+              writer.write_outputs(done, self.run_hooks(canonical, done))
+          if stopping:
+            stopped = Stopped(f'stopped at step {done}; rerun the same command to resume',
+                              exit_code=stop.exit_code or 1)
+            break
+        if log_due is not None:
+          self._log_train(writer, log_due, pending, last_log)
+      finally:
+        # Each is closed even if another fails; while an error is on its way up, a
+        # second one (e.g. the same full disk) must not replace it.
+        in_flight = sys.exc_info()[1] is not None
+        errors = []
+        for close in (profile.close, writer.close, self._close_checkpointer):
+          try:
+            close()
+          except Exception as e:  # pylint: disable=broad-except
+            errors.append(e)
+        if self.lock is not None:
+          self.lock.release()
+        if errors and not in_flight:
+          raise errors[0]
+    if stopped is not None:
+      raise stopped
     return eval_metrics
 
+  def _save(self, step: int, state, train_iter, *, force: bool) -> None:
+    try:
+      self.checkpointer.save(step, state, {'iterator': train_iter.get_state()}, force=force)
+    except Exception as e:  # pylint: disable=broad-except
+      raise _save_failed(self.checkpointer.directory, e) from e
+
+  def _close_checkpointer(self) -> None:
+    """Waits for the last asynchronous save; a failed write stops in one sentence."""
+    try:
+      self.checkpointer.close()
+    except Exception as e:  # pylint: disable=broad-except
+      raise _save_failed(self.checkpointer.directory, e) from e
+
   def _log_train(self, writer, step, pending, last_log):
-    """Logs the log interval's metrics: its weighted sums finalized, the mean gradient norm
-    and the learning rate of the logged step."""
+    """Logs the log interval: its weighted sums finalized (skipped steps left out), their
+    mean gradient norm, the learning rate of the logged step and how many steps were skipped."""
     pending = jax.device_get(pending)
-    totals = jax.tree.map(lambda *xs: np.sum(xs), *[m['totals'] for m in pending])
+    kept = [m for m in pending if not m['skipped']] or pending
+    totals = jax.tree.map(lambda *xs: np.sum(xs), *[m['totals'] for m in kept])
     values = self.task.finalize(totals)
-    values['grad_norm'] = float(np.mean([m['grad_norm'] for m in pending]))
+    values['grad_norm'] = float(np.mean([m['grad_norm'] for m in kept]))
     values['learning_rate'] = float(pending[-1]['learning_rate'])
+    values['skipped_steps'] = int(sum(m['skipped'] for m in pending))
     now = time.time()
     steps = step - last_log[0]
     values['examples_per_second'] = steps * self.config.global_batch_size / max(now - last_log[1], 1e-9)
     writer.write(step, 'train', values)
     return step, now
+
+
+class Stopped(Exception):
+  """The run stopped before its last step; `str(e)` says why and what to do."""
+
+  def __init__(self, message: str, exit_code: int = 1):
+    super().__init__(message)
+    self.exit_code = exit_code
+
+
+def _say(line: str) -> None:
+  if jax.process_index() == 0:
+    print(line, file=sys.stderr, flush=True)
+
+
+# How the OS words the write failures a person can fix; Orbax and TensorStore wrap
+# them in exceptions of their own (OSError, or ValueError: RESOURCE_EXHAUSTED: ...).
+_WRITE_FAILURES = ('No space left on device', 'Disk quota exceeded', 'Read-only file system',
+                   'Permission denied')
+
+
+def _save_failed(directory: str, error: Exception) -> ValueError:
+  # Orbax writes in the background and reports a failure at the next save or at the
+  # end, so the step that failed is not always the one being saved now.
+  text = str(error)
+  reason = next((r for r in _WRITE_FAILURES if r in text), None)
+  if reason is None:
+    reason = getattr(error, 'strerror', None) or f'{type(error).__name__}: {text.splitlines()[0][:200] if text else ""}'
+  return ValueError(f'Writing a checkpoint in {directory!r} failed ({reason}); the checkpoints '
+                    'written before are intact: free space or fix permissions and rerun.')
+
+
+class _ProfileWindow:
+  """Records a `jax.profiler` trace of steps [start, stop) into WORKDIR/profile (TensorBoard's
+  profile tab reads it)."""
+
+  def __init__(self, workdir: str, steps):
+    self.start, self.stop = (tuple(steps) + (None, None))[:2]
+    self.directory = os.path.join(workdir, 'profile')
+    self.active = False
+
+  def before(self, step: int) -> None:
+    if self.start is not None and step == self.start and jax.process_index() == 0:
+      jax.profiler.start_trace(self.directory)
+      self.active = True
+
+  def after(self, step: int, state) -> None:
+    if self.active and step + 1 >= self.stop:
+      jax.block_until_ready(state)
+      self.close()
+
+  def close(self) -> None:
+    if self.active:
+      jax.profiler.stop_trace()
+      self.active = False
+      _say(f'profile of steps {self.start}-{self.stop - 1} written to {self.directory}')
 
 
 def _prove(what: str, fn: Callable):
@@ -198,15 +370,47 @@ def _prove(what: str, fn: Callable):
   raise ValueError(f'This config fails when {what}: {type(error).__name__}: {first_line}.') from error
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
-  """Validates `config` and builds a `Run`; raises ValueError/FileNotFoundError in one sentence."""
+def setup(config: ml_collections.ConfigDict, workdir: str, *,
+          allow_config_change: bool = False) -> Run:
+  """Validates `config` and builds a `Run`; raises ValueError/FileNotFoundError in one sentence.
+
+  Every check (options, data, a trace of the first train and eval step, the
+  checkpoints already in `workdir`) runs before anything is written: a new work
+  directory is created only when all passed.
+  """
   _check_positive(config, 'num_train_steps', 'global_batch_size', 'eval_batch_size',
                   'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
-                  'checkpoints_to_keep', 'grad_accum_steps')
+                  'checkpoints_to_keep', 'grad_accum_steps', 'max_bad_steps')
   ema_decay = config.get('ema_decay', 0.0)
   if not 0 <= ema_decay < 1:
     raise ValueError(f'config.ema_decay must lie in [0, 1) (0 keeps no average), got {ema_decay!r}.')
+  profile_steps = tuple(config.get('profile_steps') or ())
+  if profile_steps and not (len(profile_steps) == 2 and 0 <= profile_steps[0] < profile_steps[1]):
+    raise ValueError(f'config.profile_steps must be (first, end) with 0 <= first < end, or (), '
+                     f'got {profile_steps!r}.')
   workdir = check_workdir(workdir)
+  # One run per work directory, held by process 0 of a multi-process run: taken at
+  # once on an existing directory, and on a new one as soon as it is created.
+  lead = jax.process_index() == 0
+  lock = workdir_lib.acquire(workdir) if lead and os.path.isdir(workdir) else None
+  try:
+    run, workdir_files = _build(config, workdir, allow_config_change)
+    # Every check passed: from here on the run writes.
+    os.makedirs(workdir, exist_ok=True)
+    if lead and lock is None:
+      lock = workdir_lib.acquire(workdir)
+    _start_writing(run, workdir_files)
+  except BaseException:
+    if lock is not None:
+      lock.release()
+    raise
+  run.lock = lock
+  return run
+
+
+def _build(config, workdir: str, allow_config_change: bool) -> tuple[Run, dict]:
+  """Checks everything and builds the run, writing nothing."""
+  check_record(config, workdir, allow_config_change)
   mode = config.parallel.mode
   if mode not in parallel_lib.MODES:
     raise ValueError(f'Unknown parallel.mode {mode!r}; allowed: {", ".join(parallel_lib.MODES)}.')
@@ -231,7 +435,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
 
   example = task.preprocess(pipeline.read_batch(train_source, np.zeros(1, np.int64)))
   init_fn = functools.partial(init_train_state, model, task, tx, example_batch=example,
-                              ema=ema_decay > 0)
+                              ema=config.get('ema_decay', 0.0) > 0)
   rng = jax.random.PRNGKey(config.seed)
   run = Run(config=config, workdir=workdir, parallel=par, model=model, task=task, tx=tx,
             learning_rate_fn=learning_rate_fn, init_fn=init_fn, rng=rng,
@@ -239,12 +443,25 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   abstract = _prove(f'initialising model {model_name!r}',
                     lambda: par.abstract_state(init_fn, rng))
   _prove_steps(run, abstract, example)
+  if os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    run.checkpointer = checkpoint.Checkpointer(workdir, config.checkpoint_every_steps,
+                                               config.checkpoints_to_keep)
+    run.checkpointer.check_compatible(abstract)
+  return run, meta.get('workdir_files', {})
 
-  run.checkpointer = checkpoint.Checkpointer(workdir, config.checkpoint_every_steps,
-                                             config.checkpoints_to_keep)
-  run.checkpointer.check_compatible(abstract)
-  _write_config(config, workdir)
-  return run
+
+def _start_writing(run: Run, workdir_files: dict) -> None:
+  """Writes what the data asks to keep (e.g. the tokenizer), the checkpoint folder and the
+  config that this run follows."""
+  for filename, save in workdir_files.items():
+    path = os.path.join(run.workdir, filename)
+    if jax.process_index() == 0 and not os.path.exists(path):
+      save(path + '.tmp')
+      os.replace(path + '.tmp', path)
+  if run.checkpointer is None:
+    run.checkpointer = checkpoint.Checkpointer(run.workdir, run.config.checkpoint_every_steps,
+                                               run.config.checkpoints_to_keep)
+  _write_config(run.config, run.workdir)
 
 
 def _prove_steps(run: Run, abstract, example: dict) -> None:

@@ -7,6 +7,7 @@ Eval-hook outputs (`write_outputs`) are scalars, text or images: text and images
 also go to TensorBoard and to `samples/<name>_<step>.txt|png` in the work directory.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -19,19 +20,36 @@ import numpy as np
 class MetricWriter:
   """Writes scalar metrics to the console, TensorBoard and `metrics.jsonl`."""
 
-  def __init__(self, workdir: str, total_steps: int):
+  def __init__(self, workdir: str, total_steps: int, start_step: int = 0):
+    """A run that resumes at `start_step` first drops the records of later steps that an
+    interrupted session wrote (those steps run again), so no step is recorded twice."""
     self.enabled = jax.process_index() == 0
     self.workdir = workdir
     self.total_steps = total_steps
+    self.start_step = start_step
     self.start_time = time.time()
     self._tb = None
     self._jsonl = None
     if self.enabled:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+      path = os.path.join(workdir, 'metrics.jsonl')
+      _drop_records_after(path, start_step)
+      self._jsonl = open(path, 'a', encoding='utf-8')
 
   def write(self, step: int, split: str, metrics: dict) -> None:
+    with self._reporting_write_errors():
+      self._write(step, split, metrics)
+
+  @contextlib.contextmanager
+  def _reporting_write_errors(self):
+    try:
+      yield
+    except OSError as e:
+      raise ValueError(f'Writing the metrics in {self.workdir!r} failed ({e.strerror or e}); '
+                       'free space or fix permissions and rerun.') from e
+
+  def _write(self, step: int, split: str, metrics: dict) -> None:
     if not self.enabled:
       return
     scalars = {name: float(np.asarray(value)) for name, value in metrics.items()}
@@ -45,7 +63,9 @@ class MetricWriter:
     fraction = step / max(self.total_steps, 1)
     bar = ('#' * int(20 * fraction)).ljust(20, '.')
     elapsed = time.time() - self.start_time
-    eta = elapsed / fraction * (1 - fraction) if fraction > 0 else float('nan')
+    # This session's rate: a resumed run has only run `step - start_step` steps.
+    done_here = step - self.start_step
+    eta = elapsed / done_here * (self.total_steps - step) if done_here > 0 else float('nan')
     shown = ' '.join(f'{k}={_format(v)}' for k, v in scalars.items())
     print(f'[{bar}] {step}/{self.total_steps} {split}: {shown} | {elapsed:.0f}s elapsed, '
           f'eta {eta:.0f}s', file=sys.stderr, flush=True)
@@ -57,6 +77,10 @@ class MetricWriter:
     scalars = {k: v for k, v in outputs.items() if np.ndim(v) == 0 and not isinstance(v, str)}
     if scalars:
       self.write(step, 'eval', scalars)
+    with self._reporting_write_errors():
+      self._write_samples(step, outputs, scalars)
+
+  def _write_samples(self, step: int, outputs: dict, scalars: dict) -> None:
     folder = os.path.join(self.workdir, 'samples')
     for name, value in outputs.items():
       if name in scalars:
@@ -78,9 +102,33 @@ class MetricWriter:
 
   def close(self) -> None:
     if self.enabled:
-      self._tb.close()
-      self._jsonl.close()
+      with self._reporting_write_errors():
+        try:
+          self._tb.close()
+        finally:
+          self._jsonl.close()
 
 
 def _format(value: float) -> str:
   return f'{value:.4g}' if abs(value) < 1e5 else f'{value:.3e}'
+
+
+def _drop_records_after(path: str, step: int) -> None:
+  """Rewrites `path` without records of steps after `step`, nor a torn last line (atomically)."""
+  if not os.path.exists(path):
+    return
+  with open(path, encoding='utf-8') as f:
+    lines = f.readlines()
+  kept = []
+  for line in lines:
+    try:
+      if json.loads(line)['step'] <= step and line.endswith('\n'):
+        kept.append(line)
+    except (ValueError, KeyError, TypeError):
+      pass  # the torn last line of a killed run holds no whole record
+
+  if len(kept) == len(lines):
+    return
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    f.writelines(kept)
+  os.replace(path + '.tmp', path)

@@ -72,10 +72,17 @@ def train_step(state: TrainState, batch: dict, *, model, task: base.Task,
   micro-batch normalises by its own). Step t's random streams derive from
   `fold_in(rng, t)` (then the device index and the micro-batch index).
 
+  A step whose loss, gradients or updated state are not finite leaves the state
+  as it was (but for the step counter) and reports `skipped` = 1.
+
   Metrics: {'totals': {name: (Σ total, Σ weight)} over the global batch,
-  'grad_norm', 'learning_rate'}.
+  'grad_norm', 'learning_rate' (of this step), 'skipped'}.
   """
   step_key = _device_key(jax.random.fold_in(state.rng, state.step), axis_name)
+  # A multi-process run passes each process's stop request (SIGTERM) with the batch;
+  # its maximum over the global batch is the same on every process.
+  batch = dict(batch)
+  stop_B = batch.pop('stop_requested', None)
 
   def micro_step(model_state, micro_batch, key):
     rngs = _stream_keys(task, key)
@@ -121,11 +128,28 @@ def train_step(state: TrainState, batch: dict, *, model, task: base.Task,
   ema_params = state.ema_params
   if ema_params is not None:
     ema_params = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, ema_params, params)
+  updated = (params, opt_state, model_state, ema_params)
+  # The guard: a step whose loss, gradients or result are not finite changes nothing
+  # but the step counter (so the next step draws new data and randomness). Every
+  # device computes the same verdict from the same reduced values.
+  finite = _all_finite((sums['loss'], grads, updated))
+  params, opt_state, model_state, ema_params = jax.tree.map(
+      lambda new, old: jnp.where(finite, new, old), updated,
+      (state.params, state.opt_state, state.model_state, state.ema_params))
   metrics = {'totals': sums, 'grad_norm': optax.tree.norm(grads),
-             'learning_rate': learning_rate_fn(state.step)}
+             'learning_rate': learning_rate_fn(state.step),
+             'skipped': jnp.logical_not(finite).astype(jnp.int32)}
+  if stop_B is not None:
+    stop = jnp.max(stop_B)
+    metrics['stop_requested'] = stop if axis_name is None else jax.lax.pmax(stop, axis_name)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                             model_state=model_state, ema_params=ema_params)
   return new_state, metrics
+
+
+def _all_finite(tree) -> jax.Array:
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
 def eval_step(state: TrainState, batch: dict, index, *, model, task: base.Task,

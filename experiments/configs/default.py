@@ -11,7 +11,8 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
 
-  config.model = ml_collections.ConfigDict({'name': 'mlp'})
+  # Every model takes a compute dtype ('float32', 'bfloat16'); parameters stay float32.
+  config.model = ml_collections.ConfigDict({'name': 'mlp', 'dtype': 'float32'})
   # The objective (train/tasks/): preprocessing, random streams, loss, metrics.
   config.task = ml_collections.ConfigDict()
   config.task.name = 'classification'
@@ -71,6 +72,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.ema_decay = 0.0
   # Micro-batches per step: gradients are summed over them before one update.
   config.grad_accum_steps = 1
+
+  # Steps whose loss, gradients or update are not finite are skipped (the state
+  # is left as it was); this many in a row stop the run.
+  config.max_bad_steps = 10
+  # (first, end): record a jax.profiler trace of these steps in WORKDIR/profile.
+  config.profile_steps = ()
 
   config.global_batch_size = 128
   config.eval_batch_size = 256

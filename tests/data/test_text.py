@@ -208,7 +208,10 @@ def test_make_sources_char_end_to_end(tmp_path):
   assert len(train) == 900 - 8 and len(evaluation) == -(-49 // 8)
   assert tokenizer.decode(train[123]['tokens'].tolist()) == train_text[123:132]
   assert tokenizer.decode(evaluation[2]['tokens'].tolist()) == eval_text[16:25]
-  assert (tmp_path / 'work' / 'tokenizer.json').is_file()
+  # Nothing is written yet: the run saves the tokenizer once its whole config passed.
+  assert not (tmp_path / 'work').exists()
+  meta['workdir_files']['tokenizer.json'](str(tmp_path / 'tokenizer.json'))
+  assert tokenizers.load(str(tmp_path / 'tokenizer.json')).vocab == tokenizer.vocab
 
 
 def test_make_sources_byte_bpe_end_to_end(tmp_path):

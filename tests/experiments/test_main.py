@@ -19,9 +19,9 @@ def config(tmp_path):
   return c
 
 
-def _setup_error(config, workdir):
+def _setup_error(config, workdir, **kwargs):
   with pytest.raises(ValueError) as info:
-    loop.setup(config, str(workdir))
+    loop.setup(config, str(workdir), **kwargs)
   message = str(info.value)
   assert '\n' not in message and message.endswith('.')
   return message
@@ -105,10 +105,30 @@ def test_changed_model_with_old_workdir_stops_and_keeps_checkpoints(config, tmp_
   checkpoints = workdir / 'checkpoints'
   before = {p: p.stat().st_mtime_ns for p in checkpoints.rglob('*')}
   config.model.features = (128, 10)
+  # The run's record names the change first ...
   message = _setup_error(config, workdir)
-  assert message.startswith(f"The checkpoint of step 10 in '{checkpoints}' does not fit this config: "
+  assert message.startswith(f"The checkpoints in '{workdir}' were written with another config: "
+                            'model.features ([256, 256, 10] -> [128, 10]) differ;')
+  # ... and a change allowed on purpose still cannot load arrays of other shapes.
+  message = _setup_error(config, workdir, allow_config_change=True)
+  assert message.startswith(f"The checkpoint '{checkpoints / '10'}' does not fit this config: "
                             'params/Dense_0/bias is float32 (256,) there but float32 (128,) here')
   assert {p: p.stat().st_mtime_ns for p in checkpoints.rglob('*')} == before
+
+
+def test_resume_under_a_changed_optimiser_is_refused_but_step_count_may_change(config, tmp_path):
+  workdir = tmp_path / 'w'
+  config.num_train_steps = 10
+  config.optimizer.warmup_steps = 2
+  loop.setup(config, str(workdir)).train()
+  config.optimizer.learning_rate = 1e6
+  config.seed = 3
+  message = _setup_error(config, workdir)
+  assert 'optimizer.learning_rate (0.002 -> 1000000.0)' in message and 'seed (0 -> 3)' in message
+  config.optimizer.learning_rate, config.seed = 2e-3, 0
+  config.num_train_steps, config.log_every_steps, config.parallel.mode = 20, 5, 'shard_map'
+  assert int(loop.setup(config, str(workdir)).train() is not None)
+  assert loop.read_config(str(workdir)).num_train_steps == 20
 
 
 def _nothing_written(workdir) -> bool:
@@ -153,3 +173,27 @@ def test_empty_eval_split_is_refused(config, tmp_path):
   config.data.eval_split = 'test[:0]'
   message = _setup_error(config, tmp_path / 'w')
   assert message == "Split 'test[:0]' of data set 'digits' holds no examples."
+
+
+def test_failed_checks_leave_no_new_work_directory(config, tmp_path):
+  workdir = tmp_path / 'fresh' / 'run'
+  config.model.features = (256, 0, 10)
+  _setup_error(config, workdir)
+  assert not (tmp_path / 'fresh').exists()
+  config.model.features = (256, 256, 10)
+  run = loop.setup(config, str(workdir))  # the same command, fixed, creates it
+  assert sorted(os.listdir(workdir)) == ['.lock', 'checkpoints', 'config.json']
+  run.lock.release()
+
+
+def test_a_second_run_on_a_work_directory_in_use_is_refused(config, tmp_path):
+  from train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  with workdir_lib.acquire(str(workdir)):
+    message = _setup_error(config, workdir)
+  assert message.startswith(f"The work directory '{workdir}' is in use by process {os.getpid()} "
+                            f'on {socket.gethostname()}')
+  assert not (workdir / 'checkpoints').exists()
+  loop.setup(config, str(workdir)).lock.release()  # free again once the holder let go

@@ -40,10 +40,18 @@ def test_jsonl_and_tensorboard_hold_the_written_values(tmp_path, capsys):
   assert '10/20 train: loss=0.5 examples_per_second=1234' in progress
 
 
-def test_a_resumed_run_appends(tmp_path):
-  for step in (1, 2):
-    writer = MetricWriter(str(tmp_path), total_steps=2)
+def test_a_resumed_run_appends_and_drops_the_steps_it_replays(tmp_path):
+  def steps():
+    return [json.loads(line)['step'] for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  for step in (1, 2, 3):  # a session that reached step 3, its last checkpoint at step 1
+    writer = MetricWriter(str(tmp_path), total_steps=4, start_step=step - 1)
     writer.write(step, 'train', {'loss': float(step)})
     writer.close()
-  steps = [json.loads(line)['step'] for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
-  assert steps == [1, 2]
+  assert steps() == [1, 2, 3]
+  with open(tmp_path / 'metrics.jsonl', 'a', encoding='utf-8') as f:
+    f.write('{"step": 4, "spl')  # killed while writing
+  writer = MetricWriter(str(tmp_path), total_steps=4, start_step=1)  # resumes from step 1
+  assert steps() == [1]
+  writer.write(2, 'train', {'loss': 2.5})
+  writer.close()
+  assert steps() == [1, 2]

@@ -1,0 +1,161 @@
+"""`python -m experiments.main` itself: wrong command lines stop with exit status 1 and
+one `error:` line (no traceback), `--help` exits 0 and lists what a run can name, and
+under a (faked) SLURM job step two processes join one run with no flag at all."""
+
+import ast
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+
+from tests.subprocess_util import REPO_ROOT
+
+_DIGITS = 'experiments/configs/digits_mlp.py'
+
+
+def _main(*args, env=None, timeout=120):
+  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], capture_output=True,
+                        text=True, cwd=REPO_ROOT, timeout=timeout,
+                        env={**os.environ, 'PYTHONPATH': REPO_ROOT, 'JAX_PLATFORMS': 'cpu',
+                             **(env or {})})
+
+
+def _error(*args) -> str:
+  """The one line a wrong command line prints, checked to be all of stderr."""
+  result = _main(*args)
+  assert result.returncode == 1, result.stderr[-2000:]
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: '), result.stderr[-2000:]
+  assert lines[0].endswith(('.', '?)')) and result.stdout == ''
+  return lines[0]
+
+
+def test_missing_config_file(tmp_path):
+  line = _error('--config=experiments/configs/nope.py', f'--workdir={tmp_path}')
+  assert line.startswith("error: The config file 'experiments/configs/nope.py' does not exist; "
+                         'the experiment configs are: ')
+  assert f'{_DIGITS}, ' in line and 'default.py' not in line
+
+
+def test_config_file_with_a_syntax_error(tmp_path):
+  config = tmp_path / 'broken.py'
+  config.write_text('def get_config():\n  return {\n')
+  assert _error(f'--config={config}', f'--workdir={tmp_path}') == (
+      f"error: The config file '{config}' has a syntax error at line 2: '{{' was never closed.")
+
+
+def test_config_whose_get_config_raises(tmp_path):
+  config = tmp_path / 'raises.py'
+  config.write_text('def get_config():\n  raise KeyError("no such preset")\n')
+  assert _error(f'--config={config}', f'--workdir={tmp_path}') == (
+      f"error: get_config() of '{config}' failed: KeyError: 'no such preset'.")
+
+
+def test_unknown_key(tmp_path):
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--config.foo=1') == (
+      "error: --config.foo: the config has no key 'foo'; every key and its default is in "
+      'experiments/configs/default.py.')
+
+
+def test_unknown_key_names_the_real_ones_nearby(tmp_path):
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--config.batch_size=7') == (
+      "error: --config.batch_size: the config has no key 'batch_size' (nearest: "
+      'eval_batch_size, global_batch_size); every key and its default is in '
+      'experiments/configs/default.py.')
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--config.learning_rate=1') == (
+      "error: --config.learning_rate: the config has no key 'learning_rate' (nearest: "
+      'optimizer.learning_rate); every key and its default is in experiments/configs/default.py.')
+
+
+def test_badly_typed_override(tmp_path):
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}',
+                '--config.num_train_steps=abc') == (
+      'error: --config.num_train_steps=abc is not a valid int: config.num_train_steps holds 2000.')
+
+
+def test_missing_workdir_and_config(tmp_path):
+  assert _error(f'--config={_DIGITS}') == (
+      'error: --workdir is missing; give the directory for checkpoints, logs and metrics, e.g. '
+      '--workdir=workdirs/digits_mlp.')
+  assert _error(f'--workdir={tmp_path}').startswith('error: --config is missing; ')
+
+
+def test_misspelt_flag_and_stray_argument(tmp_path):
+  assert _error(f'--config={_DIGITS}', f'--wrkdir={tmp_path}') == (
+      'error: Unknown flag --wrkdir; did you mean --workdir? (see --help).')
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', 'extra').startswith(
+      "error: Unexpected arguments 'extra': ")
+
+
+def test_manual_distribution_without_coordinator(tmp_path):
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--distributed=manual') == (
+      'error: --distributed=manual needs --coordinator_address=HOST:PORT (or '
+      'JAX_COORDINATOR_ADDRESS), --num_processes and --process_id.')
+
+
+def test_help_exits_0_and_lists_configs_models_and_tasks():
+  from models import registry  # pylint: disable=g-import-not-at-top
+  from train import tasks  # pylint: disable=g-import-not-at-top
+  result = _main('--help')
+  assert result.returncode == 0, result.stderr[-2000:]
+  text = result.stdout
+  configs = sorted(glob.glob(os.path.join(REPO_ROOT, 'experiments', 'configs', '*.py')))
+  listed = 0
+  for path in configs:
+    name = os.path.basename(path)
+    with open(path, encoding='utf-8') as f:
+      doc = ast.get_docstring(ast.parse(f.read())) or ''
+    if name in ('default.py', '__init__.py'):
+      assert f'  {name}  ' not in text
+      continue
+    line = next(line for line in text.splitlines() if line.startswith(f'  {name} '))
+    assert line.split(None, 1)[1] == doc.splitlines()[0]
+    listed += 1
+  assert listed >= 4
+  assert f'Models (--config.model.name): {", ".join(sorted(registry.MODELS))}\n' in text
+  assert f'Tasks (--config.task.name): {", ".join(sorted(tasks.TASKS))}\n' in text
+  for flag in ('--config', '--workdir', '--distributed', '--coordinator_address'):
+    assert f'  {flag}: ' in text
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_a_slurm_job_step_joins_one_run_without_flags(tmp_path):
+  """Two processes that see only SLURM's variables (and the port) train one run: had they
+  run alone, each would have written its own metrics into the work directory."""
+  import data  # pylint: disable=g-import-not-at-top
+  data_dir = str(tmp_path / 'data')
+  for split in ('train', 'test'):
+    data.load('digits', split, data_dir=data_dir)  # prepared before both processes read it
+  workdir, steps = tmp_path / 'w', 2
+  slurm = {'SLURM_JOB_ID': '77', 'SLURM_STEP_NODELIST': 'localhost', 'SLURM_NTASKS': '2',
+           'JAX_COORDINATOR_PORT': str(_free_port()),
+           'XLA_FLAGS': '--xla_force_host_platform_device_count=1'}
+  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'JAX_COORD',
+                                                                     'JAX_NUM', 'JAX_PROCESS'))}
+  args = [f'--config={_DIGITS}', f'--workdir={workdir}', f'--config.data.data_dir={data_dir}',
+          f'--config.num_train_steps={steps}', '--config.log_every_steps=1',
+          f'--config.eval_every_steps={steps}', f'--config.checkpoint_every_steps={steps}',
+          '--config.optimizer.warmup_steps=1']
+  processes = [subprocess.Popen(
+      [sys.executable, '-m', 'experiments.main', *args], cwd=REPO_ROOT, text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      env={**base, **slurm, 'SLURM_PROCID': str(i), 'SLURM_LOCALID': str(i),
+           'PYTHONPATH': REPO_ROOT, 'JAX_PLATFORMS': 'cpu'}) for i in range(2)]
+  try:
+    outputs = [p.communicate(timeout=600)[0] for p in processes]
+  finally:
+    for p in processes:
+      if p.poll() is None:
+        p.kill()
+  for p, out in zip(processes, outputs):
+    assert p.returncode == 0, out[-3000:]
+  with open(workdir / 'metrics.jsonl', encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f]
+  assert [r['step'] for r in rows if r['split'] == 'train'] == list(range(1, steps + 1))

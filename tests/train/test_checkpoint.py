@@ -1,0 +1,563 @@
+"""Verified checkpoints: the digest against a brute-force reference, and every kind of damage
+(truncated or overwritten array data, missing or garbled metadata, garbled iterator state,
+a half-written newer step) falls back to the newest good checkpoint, bit-identical, and sets
+the damaged one aside with one warning line, deleting nothing."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from tests.subprocess_util import REPO_ROOT, run_python
+from train import checkpoint
+
+_STEPS = (1, 2, 3)
+
+
+@flax.struct.dataclass
+class _State:
+  step: jax.Array
+  params: dict
+  rng: jax.Array
+
+
+def _make_state(step: int) -> _State:
+  """A small train-state-like pytree whose values depend on `step`."""
+  r = np.random.default_rng(step)
+  params = {'dense': {'kernel': jnp.asarray(r.normal(size=(48, 40)), jnp.float32),
+                      'bias': jnp.asarray(r.normal(size=(40,)), jnp.float32)},
+            'norm': {'scale': jnp.asarray(r.normal(size=(16,)), jnp.bfloat16)}}
+  return _State(step=jnp.int32(step), params=params, rng=jax.random.PRNGKey(step))
+
+
+def _data_state(step: int) -> dict:
+  return {'iterator': {'next_index': 10 * step, 'epoch': 0}}
+
+
+def _abstract(state):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+
+
+def _assert_bit_identical(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    x, y = np.asarray(x), np.asarray(y)
+    assert (x.dtype, x.shape) == (y.dtype, y.shape)
+    assert x.tobytes() == y.tobytes()
+
+
+def _checkpointer(workdir):
+  return checkpoint.Checkpointer(str(workdir), every_steps=1, keep=3)
+
+
+def _save(ckpt, steps):
+  for step in steps:
+    assert ckpt.save(step, _make_state(step), _data_state(step))
+  ckpt.wait()
+
+
+@pytest.fixture(scope='module')
+def template(tmp_path_factory):
+  """A work directory with checkpoints of steps 1, 2, 3, written once for the module."""
+  workdir = tmp_path_factory.mktemp('template')
+  ckpt = _checkpointer(workdir)
+  _save(ckpt, _STEPS)
+  ckpt.close()
+  return workdir
+
+
+@pytest.fixture
+def workdir(template, tmp_path):
+  path = tmp_path / 'run'
+  shutil.copytree(template, path)
+  return path
+
+
+def _step_dir(workdir, step):
+  return os.path.join(workdir, 'checkpoints', str(step))
+
+
+def _file_count(workdir):
+  return sum(len(files) for _, _, files in os.walk(workdir))
+
+
+def _set_aside(workdir):
+  directory = os.path.join(workdir, 'checkpoints_set_aside')
+  return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+
+
+def _warnings_naming(caplog, path):
+  return [r.getMessage() for r in caplog.records
+          if r.levelname == 'WARNING' and path in r.getMessage()]
+
+
+# Digest ------------------------------------------------------------------------------
+
+
+def _mix32(h: int) -> int:
+  h ^= h >> 16
+  h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+  h ^= h >> 13
+  h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+  return h ^ (h >> 16)
+
+
+def _reference_checksums(x: np.ndarray) -> list[int]:
+  """Σ_i (mix(i ⊕ seed) | 1) · mix(w_i) mod 2^32, one Python integer at a time over the
+  little-endian words w_i of `x` (bool as 0/1, 8- and 16-bit values zero-extended)."""
+  x = np.ascontiguousarray(x)
+  if x.dtype == np.bool_:
+    words = x.astype(np.uint32)
+  else:
+    unsigned = {1: np.uint8, 2: np.uint16}.get(x.dtype.itemsize, np.uint32)
+    words = x.view(unsigned) if x.ndim else x.reshape(1).view(unsigned)
+  sums = []
+  for seed in (0x243F6A88, 0x85A308D3):
+    total = 0
+    for i, w in enumerate(words.reshape(-1).tolist()):
+      total += (_mix32(i ^ seed) | 1) * _mix32(int(w))
+    sums.append(total % 2**32)
+  return sums
+
+
+@pytest.mark.parametrize('dtype,shape', [
+    (jnp.float32, (7, 5)), (jnp.bfloat16, (3, 4, 2)), (jnp.float16, (9,)), (jnp.int32, ()),
+    (jnp.uint32, (2,)), (jnp.bool_, (6, 3)), (jnp.int8, (5,)),
+])
+def test_checksums_match_a_brute_force_reference(dtype, shape):
+  # Would fail with a wrong flat index (strides), a bitcast of the wrong width, or sums that
+  # overflow into a wider type.
+  r = np.random.default_rng(0)
+  x = jnp.asarray(r.normal(size=shape) * 100).astype(dtype)
+  entry = checkpoint.array_digest({'x': x})['x']
+  assert entry == {'shape': list(shape), 'dtype': np.dtype(dtype).name,
+                   'checksum': _reference_checksums(np.asarray(x))}
+
+
+def test_digest_sees_every_leaf_every_position_and_high_bits():
+  state = _make_state(1)
+  base = checkpoint.array_digest(state)
+  names = sorted(base)
+  assert names == ['params/dense/bias', 'params/dense/kernel', 'params/norm/scale', 'rng', 'step']
+  # One changed element in any one leaf changes exactly that leaf's entry (a digest that
+  # skipped a leaf, e.g. the integer ones, would miss it).
+  for name in names:
+    def bump(path, x, name=name):
+      if jax.tree_util.keystr(path, simple=True, separator='/') != name:
+        return x
+      return x.at[(0,) * x.ndim].add(1).astype(x.dtype)
+    changed = checkpoint.array_digest(jax.tree_util.tree_map_with_path(bump, state))
+    assert [n for n in names if changed[n] != base[n]] == [name]
+  kernel = np.asarray(state.params['dense']['kernel'])
+  digest = lambda k: checkpoint.array_digest({'k': jnp.asarray(k)})['k']
+  # Two values swapped: same multiset of words, so a position-blind sum would not notice.
+  swapped = kernel.copy()
+  swapped[[0, 7], [3, 1]] = swapped[[7, 0], [1, 3]]
+  assert digest(swapped)['checksum'] != digest(kernel)['checksum']
+  # Two sign bits flipped: Σ m_i w_i with odd m_i sees only the parity of the top bits.
+  negated = kernel.copy()
+  negated[0, 0], negated[5, 9] = -negated[0, 0], -negated[5, 9]
+  assert digest(negated)['checksum'] != digest(kernel)['checksum']
+  # Same bits under another shape or dtype.
+  assert digest(kernel.reshape(40, 48))['shape'] == [40, 48]
+  assert digest(kernel.view(np.int32))['dtype'] == 'int32'
+
+
+def test_iterator_digest_is_canonical_json():
+  a = {'iterator': {'next_index': 3, 'order': (1, 2)}, 'epoch': 0}
+  b = {'epoch': 0, 'iterator': {'order': [1, 2], 'next_index': 3}}  # as it reads back from JSON
+  assert checkpoint.data_digest(a) == checkpoint.data_digest(b)
+  assert checkpoint.data_digest(a) != checkpoint.data_digest({**a, 'epoch': 1})
+
+
+_X64_DIGEST = '''
+import json
+import jax
+jax.config.update('jax_enable_x64', True)
+import jax.numpy as jnp, numpy as np
+from tests.train.test_checkpoint import _reference_checksums
+from train import checkpoint
+out = {}
+for dtype in ('float64', 'int64', 'uint64'):
+  x = (np.arange(-6, 6).reshape(3, 4) * 1e9 + 0.25).astype(dtype)
+  on_device = checkpoint.array_digest({'x': jnp.asarray(x)})['x']
+  on_host = checkpoint.array_digest({'x': x})['x']  # the path restore_arrays takes
+  out[dtype] = [on_device == on_host, on_device['checksum'] == _reference_checksums(x),
+                on_device['dtype']]
+print(json.dumps(out))
+'''
+
+
+def test_64_bit_dtypes_digest_like_the_reference():
+  # Would fail if 64-bit words were truncated to 32 bits or split in another order on the
+  # device than on the host.
+  result = run_python(_X64_DIGEST)
+  assert result == {d: [True, True, d] for d in ('float64', 'int64', 'uint64')}
+
+
+# Restoring intact checkpoints ------------------------------------------------------------
+
+
+def test_save_writes_only_due_steps_unless_forced(tmp_path):
+  ckpt = checkpoint.Checkpointer(str(tmp_path), every_steps=2, keep=3)
+  assert ckpt.save(2, _make_state(2), _data_state(2))
+  assert not ckpt.save(3, _make_state(3), _data_state(3))
+  assert ckpt.save(5, _make_state(5), _data_state(5), force=True)  # e.g. the last step
+  ckpt.close()
+  assert sorted(os.listdir(os.path.join(tmp_path, 'checkpoints'))) == ['2', '5']
+  assert sorted(os.listdir(_step_dir(tmp_path, 5))) == [
+      '_CHECKPOINT_METADATA', 'commit_success.txt', 'data', 'digest', 'state']
+
+
+def test_no_checkpoints_gives_none(tmp_path):
+  ckpt = _checkpointer(tmp_path)
+  ckpt.check_compatible(_abstract(_make_state(0)))
+  assert ckpt.restore_latest(_abstract(_make_state(0))) is None
+  ckpt.close()
+  with pytest.raises(FileNotFoundError, match='No checkpoint'):
+    checkpoint.restore_arrays(str(tmp_path))
+
+
+def test_intact_checkpoints_restore_the_newest_bit_identical(workdir, caplog):
+  ckpt = _checkpointer(workdir)
+  abstract = _abstract(_make_state(0))
+  ckpt.check_compatible(abstract)
+  state, data_state, step = ckpt.restore_latest(abstract)
+  assert step == 3 and data_state == _data_state(3)
+  _assert_bit_identical(state, _make_state(3))
+  older, older_data = ckpt.restore(abstract, step=1)
+  _assert_bit_identical(older, _make_state(1))
+  assert older_data == _data_state(1)
+  ckpt.close()
+  arrays = checkpoint.restore_arrays(str(workdir))
+  _assert_bit_identical(arrays['params'], _make_state(3).params)
+  assert not _set_aside(workdir) and not [r for r in caplog.records if r.levelname == 'WARNING']
+
+
+def test_a_changed_config_stops_without_setting_anything_aside(workdir):
+  # Would fail if a shape mismatch counted as damage: a good run's checkpoints would be moved.
+  wider = _make_state(0).replace(params={**_make_state(0).params, 'extra': jnp.zeros(3)})
+  ckpt = _checkpointer(workdir)
+  for call in (ckpt.check_compatible, ckpt.restore_latest):
+    with pytest.raises(ValueError, match=r"checkpoint '.*/3' does not fit this config: "
+                                         r'params/extra is absent there but float32 \(3,\) here'):
+      call(_abstract(wider))
+  ckpt.close()
+  assert not _set_aside(workdir) and sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [
+      '1', '2', '3']
+
+
+def test_checkpoint_without_digest_restores_unverified(tmp_path, caplog):
+  # Checkpoints written before digests existed must keep resuming their runs.
+  manager = ocp.CheckpointManager(str(tmp_path / 'checkpoints'), item_names=('state', 'data'))
+  manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(_make_state(5)),
+                                          data=ocp.args.JsonSave(_data_state(5))))
+  manager.close()
+  ckpt = _checkpointer(tmp_path)
+  state, data_state, step = ckpt.restore_latest(_abstract(_make_state(0)))
+  ckpt.close()
+  assert step == 5 and data_state == _data_state(5)
+  _assert_bit_identical(state, _make_state(5))
+  assert len(_warnings_naming(caplog, 'no digest')) == 1 and not _set_aside(tmp_path)
+
+
+# Damage ---------------------------------------------------------------------------------
+
+
+def _array_data_file(step_dir, process=0):
+  """The OCDBT data file holding the array chunks `process` wrote: the largest in its d/ folder."""
+  directory = os.path.join(step_dir, 'state', f'ocdbt.process_{process}', 'd')
+  return max((os.path.join(directory, f) for f in os.listdir(directory)), key=os.path.getsize)
+
+
+def _garble(path):
+  with open(path, 'wb') as f:
+    f.write(b'\x00{"not json' + bytes(range(200, 256)))
+
+
+def _truncate_array_data(step_dir):
+  path = _array_data_file(step_dir)
+  os.truncate(path, os.path.getsize(path) // 2)
+
+
+def _rewrite_iterator(step_dir):
+  """Valid JSON with another position: only the iterator digest can tell."""
+  with open(os.path.join(step_dir, 'data', 'metadata'), 'w', encoding='utf-8') as f:
+    json.dump({'iterator': {'next_index': 31, 'epoch': 0}}, f)
+
+
+# damage -> (what it does to the newest checkpoint's folder, the reason it is set aside for)
+_DAMAGE = {
+    'array data truncated': (_truncate_array_data, 'unreadable'),
+    'state _METADATA missing': (
+        lambda d: os.remove(os.path.join(d, 'state', '_METADATA')), 'unreadable'),
+    'state _METADATA garbled': (
+        lambda d: _garble(os.path.join(d, 'state', '_METADATA')), 'unreadable'),
+    'OCDBT manifest garbled': (
+        lambda d: _garble(os.path.join(d, 'state', 'manifest.ocdbt')), 'unreadable'),
+    'iterator JSON garbled': (lambda d: _garble(os.path.join(d, 'data', 'metadata')), 'unreadable'),
+    'iterator JSON rewritten': (_rewrite_iterator, 'digest-mismatch'),
+    'digest JSON garbled': (lambda d: _garble(os.path.join(d, 'digest', 'metadata')), 'unreadable'),
+}
+
+
+@pytest.mark.parametrize('damage', sorted(_DAMAGE))
+def test_damaged_newest_is_set_aside_and_the_previous_restored(workdir, damage, caplog, capfd):
+  newest = _step_dir(workdir, 3)
+  damage, reason = _DAMAGE[damage]
+  damage(newest)
+  files = _file_count(workdir)
+  ckpt = _checkpointer(workdir)
+  ckpt.check_compatible(_abstract(_make_state(0)))
+  state, data_state, step = ckpt.restore_latest(_abstract(_make_state(0)))
+  assert step == 2 and data_state == _data_state(2)
+  _assert_bit_identical(state, _make_state(2))
+  # Set aside, not deleted, and named in one warning line.
+  assert _set_aside(workdir) == [f'3-{reason}'] and not os.path.exists(newest)
+  assert _file_count(workdir) == files
+  messages = _warnings_naming(caplog, newest)
+  assert len(messages) == 1 and '\n' not in messages[0], messages
+  assert f'checkpoints_set_aside/3-{reason}' in messages[0]
+  assert 'Traceback' not in capfd.readouterr().err
+  assert not [r for r in caplog.records if r.name == 'asyncio']
+  # Orbax no longer lists it; a new step 3 can be saved and rotation spares the set-aside one.
+  assert ckpt.manager.all_steps() == [1, 2]
+  _save(ckpt, (3, 4, 5))
+  assert ckpt.manager.all_steps() == [3, 4, 5]
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3', '4', '5']
+  assert _set_aside(workdir) == [f'3-{reason}']
+  ckpt.close()
+  ckpt = _checkpointer(workdir)
+  assert ckpt.restore_latest(_abstract(_make_state(0)))[2] == 5
+  ckpt.close()
+
+
+def test_overwritten_array_bytes_are_caught_every_time(template, tmp_path):
+  expected = jax.tree.map(np.asarray, _make_state(3))
+  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), expected)
+  rng = np.random.default_rng(0)
+  outcomes = []
+  for trial in range(12):
+    workdir = tmp_path / f'trial{trial}'
+    shutil.copytree(template, workdir)
+    path = _array_data_file(_step_dir(workdir, 3))
+    with open(path, 'rb') as f:
+      data = bytearray(f.read())
+    for position in rng.choice(len(data), size=4, replace=False):
+      data[position] = (data[position] + int(rng.integers(1, 256))) % 256
+    with open(path, 'wb') as f:
+      f.write(data)
+    # What plain Orbax makes of it: an error, or (mostly) silently different values.
+    try:
+      raw = ocp.PyTreeCheckpointer().restore(
+          os.path.join(_step_dir(workdir, 3), 'state'),
+          args=ocp.args.PyTreeRestore(item=expected, restore_args=as_numpy))
+      same = all(np.asarray(x).tobytes() == y.tobytes()
+                 for x, y in zip(jax.tree.leaves(raw), jax.tree.leaves(expected)))
+      outcome = 'unchanged' if same else 'changed'
+    except Exception:  # pylint: disable=broad-exception-caught
+      outcome = 'unreadable'
+    ckpt = _checkpointer(workdir)
+    state, _, step = ckpt.restore_latest(_abstract(_make_state(0)))
+    ckpt.close()
+    if outcome == 'unchanged':  # the bytes hit were not used: the checkpoint is still good
+      assert step == 3 and not _set_aside(workdir)
+      _assert_bit_identical(state, _make_state(3))
+    else:
+      assert step == 2, outcome
+      _assert_bit_identical(state, _make_state(2))
+      slug = 'digest-mismatch' if outcome == 'changed' else 'unreadable'
+      assert _set_aside(workdir) == [f'3-{slug}']
+    outcomes.append(outcome)
+  # The damage landed where the data lives, and mostly went unnoticed by Orbax itself.
+  assert outcomes.count('changed') >= 8, outcomes
+
+
+def test_half_written_newer_step_is_ignored_and_cleaned_up(workdir, caplog):
+  partial = os.path.join(workdir, 'checkpoints', '4.orbax-checkpoint-tmp-1700000000000000')
+  shutil.copytree(_step_dir(workdir, 3), partial)
+  shutil.rmtree(os.path.join(partial, 'digest'))
+  _truncate_array_data(partial)
+  ckpt = _checkpointer(workdir)
+  assert ckpt.latest_step() == 3
+  state, _, step = ckpt.restore_latest(_abstract(_make_state(0)))
+  assert step == 3
+  _assert_bit_identical(state, _make_state(3))
+  _save(ckpt, (4,))
+  ckpt.close()
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '3', '4']
+  assert not _set_aside(workdir) and not [r for r in caplog.records if r.levelname == 'WARNING']
+
+
+@pytest.mark.parametrize('check_first,damage', [(False, 'array data truncated'),
+                                                 (True, 'state _METADATA garbled')])
+def test_all_damaged_raises_one_sentence(workdir, check_first, damage):
+  for step in _STEPS:
+    _DAMAGE[damage][0](_step_dir(workdir, step))
+  ckpt = _checkpointer(workdir)
+  if check_first:  # as the loop does: this sets them all aside before restore_latest runs
+    ckpt.check_compatible(_abstract(_make_state(0)))
+  # Would return None, and the run silently start over, if only the steps left were counted.
+  with pytest.raises(ValueError) as raised:
+    ckpt.restore_latest(_abstract(_make_state(0)))
+  ckpt.close()
+  message = str(raised.value)
+  assert message.startswith(f"None of the checkpoints in '{workdir}/checkpoints' could be restored")
+  assert message.endswith('a rerun starts from scratch.') and '\n' not in message
+  assert message.count('. ') == 0
+  assert _set_aside(workdir) == ['1-unreadable', '2-unreadable', '3-unreadable']
+  ckpt = _checkpointer(workdir)
+  assert ckpt.restore_latest(_abstract(_make_state(0))) is None  # as the message says
+  ckpt.close()
+
+
+def test_check_compatible_judges_the_newest_readable_metadata(workdir, caplog):
+  _garble(os.path.join(_step_dir(workdir, 3), 'state', '_METADATA'))
+  ckpt = _checkpointer(workdir)
+  wider = _make_state(0).replace(params={**_make_state(0).params, 'extra': jnp.zeros(3)})
+  # Would fail with a raw UnicodeDecodeError if the garbled metadata were read unguarded.
+  with pytest.raises(ValueError, match=r"checkpoint '.*/checkpoints/2' does not fit"):
+    ckpt.check_compatible(_abstract(wider))
+  assert _set_aside(workdir) == ['3-unreadable']
+  assert len(_warnings_naming(caplog, _step_dir(workdir, 3))) == 1
+  ckpt.check_compatible(_abstract(_make_state(0)))
+  ckpt.close()
+
+
+def test_the_same_step_set_aside_twice_keeps_both(workdir):
+  for _ in range(2):
+    _truncate_array_data(_step_dir(workdir, 3))
+    ckpt = _checkpointer(workdir)
+    assert ckpt.restore_latest(_abstract(_make_state(0)))[2] == 2
+    _save(ckpt, (3,))
+    ckpt.close()
+  assert _set_aside(workdir) == ['3-unreadable', '3-unreadable-2']
+
+
+def test_restore_arrays_and_restore_refuse_damaged_checkpoints_without_moving_them(workdir, caplog):
+  newest = _step_dir(workdir, 3)
+  data = bytearray(open(_array_data_file(newest), 'rb').read())
+  data[len(data) // 2] ^= 0xFF
+  with open(_array_data_file(newest), 'wb') as f:
+    f.write(data)
+  arrays = checkpoint.restore_arrays(str(workdir))
+  _assert_bit_identical(arrays['params'], _make_state(2).params)
+  assert len(_warnings_naming(caplog, newest)) == 1
+  with pytest.raises(ValueError, match=rf"^The checkpoint '{newest}' does not match its digest: "
+                                       r'array params/\w+/\w+ differs from what was saved\.$'):
+    checkpoint.restore_arrays(str(workdir), step=3)
+  ckpt = _checkpointer(workdir)
+  with pytest.raises(ValueError, match=rf"^The checkpoint '{newest}' does not match its digest"):
+    ckpt.restore(_abstract(_make_state(0)))
+  ckpt.close()
+  assert os.path.isdir(newest) and not _set_aside(workdir)
+
+
+# Other layouts and processes ---------------------------------------------------------------
+
+_SAVE_ON_8_DEVICES = '''
+import json
+import jax, numpy as np
+from tests.train.test_checkpoint import _make_state, _data_state
+from train import checkpoint, parallel
+par = parallel.Parallel('fsdp', parallel.make_mesh(), fsdp_min_size=0)
+state = _make_state(7)
+state = jax.device_put(state, par.state_shardings(state))
+ckpt = checkpoint.Checkpointer({workdir!r}, every_steps=1, keep=3)
+ckpt.save(7, state, _data_state(7))
+ckpt.close()
+print(json.dumps({{'devices': jax.device_count(), 'digest': checkpoint.array_digest(state),
+                  'specs': sorted({{str(x.sharding.spec) for x in jax.tree.leaves(state)}})}}))
+'''
+
+
+def test_digest_of_an_8_device_fsdp_checkpoint_verifies_on_1_device(tmp_path, caplog):
+  # Would fail if the digest depended on the shards (e.g. summed per shard in another order
+  # with a non-associative operation, or indexed within the shard instead of globally).
+  saved = run_python(_SAVE_ON_8_DEVICES.format(workdir=str(tmp_path)), devices=8)
+  assert saved['devices'] == 8 and "P('data',)" in saved['specs']
+  assert jax.device_count() == 1
+  ckpt = _checkpointer(tmp_path)
+  state, data_state, step = ckpt.restore_latest(_abstract(_make_state(0)))
+  ckpt.close()
+  assert step == 7 and data_state == _data_state(7) and not _set_aside(tmp_path)
+  _assert_bit_identical(state, _make_state(7))
+  assert checkpoint.array_digest(state) == saved['digest']
+  assert not _warnings_naming(caplog, str(tmp_path))
+
+
+_TWO_PROCESSES = '''
+import json, os, sys
+import jax, numpy as np
+from jax.experimental import multihost_utils
+from train import checkpoint, distributed, parallel
+from tests.train.test_checkpoint import _make_state, _data_state, _array_data_file, _abstract
+distributed.initialize({address!r}, 2, int(sys.argv[1]))
+par = parallel.Parallel('fsdp', parallel.make_mesh(), fsdp_min_size=0)
+def place(step):
+  state = _make_state(step)
+  return jax.tree.map(
+      lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
+      state, par.state_shardings(state))
+ckpt = checkpoint.Checkpointer({workdir!r}, every_steps=1, keep=3)
+for step in (1, 2, 3):
+  ckpt.save(step, place(step), _data_state(step))
+ckpt.wait()
+multihost_utils.sync_global_devices('saved')
+if jax.process_index() == 0:  # damages what only process 1 wrote and reads
+  path = _array_data_file(os.path.join({workdir!r}, 'checkpoints', '3'), process=1)
+  os.truncate(path, os.path.getsize(path) // 2)
+multihost_utils.sync_global_devices('damaged')
+ckpt.check_compatible(par.abstract_state(lambda _: _make_state(0), None))
+state, data_state, step = ckpt.restore_latest(par.abstract_state(lambda _: _make_state(0), None))
+expected = place(2)
+equal = all(np.array_equal(np.asarray(a.addressable_data(0)), np.asarray(b.addressable_data(0)))
+            for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(expected)))
+ckpt.save(4, place(4), _data_state(4))
+ckpt.close()
+print(json.dumps({{'process': jax.process_index(), 'step': step, 'equal': equal,
+                  'data': data_state}}))
+'''
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_take_the_same_decision(tmp_path):
+  # Would hang or diverge if one process fell back while the other restored: only process 1
+  # reads the damaged shard file.
+  workdir = str(tmp_path / 'run')
+  source = _TWO_PROCESSES.format(address=f'127.0.0.1:{_free_port()}', workdir=workdir)
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': REPO_ROOT,
+         'XLA_FLAGS': '--xla_force_host_platform_device_count=1'}
+  processes = [subprocess.Popen([sys.executable, '-c', source, str(i)], env=env, cwd=REPO_ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+  try:
+    outputs = [p.communicate(timeout=300) for p in processes]
+  finally:
+    for p in processes:
+      if p.poll() is None:  # a hang: do not leave it running
+        p.kill()
+  for p, (_, err) in zip(processes, outputs):
+    assert p.returncode == 0, err[-3000:]
+  results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+  assert [r['process'] for r in results] == [0, 1]
+  assert all(r['step'] == 2 and r['equal'] and r['data'] == _data_state(2) for r in results)
+  assert _set_aside(workdir) == ['3-unreadable']
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['1', '2', '4']
+  warned = [line for _, err in outputs for line in err.splitlines() if 'set it aside' in line]
+  assert len(warned) == 1, warned  # process 0 renames and says so, once
+  assert 'cannot be read (on process 1: ' in warned[0]  # process 0 read its shards fine

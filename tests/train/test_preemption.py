@@ -1,0 +1,138 @@
+"""SIGTERM and Ctrl-C stop a run cleanly: the current step finishes, a checkpoint is saved,
+the process says `stopped at step N; rerun the same command to resume`, and the rerun ends
+bit-identical to a run that was never stopped — with one process, and when only one of
+two processes is signalled (both stop after the same step)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from tests.subprocess_util import REPO_ROOT
+from tests.train.test_multiprocess import _free_port
+from train import checkpoint
+
+_CONFIG = os.path.join(REPO_ROOT, 'experiments', 'configs', 'digits_mlp.py')
+
+
+def _command(workdir, data_dir, steps, *extra):
+  return [sys.executable, '-m', 'experiments.main', f'--config={_CONFIG}', f'--workdir={workdir}',
+          f'--config.data.data_dir={data_dir}', f'--config.num_train_steps={steps}',
+          '--config.checkpoint_every_steps=100', '--config.eval_every_steps=1000000',
+          '--config.log_every_steps=100', '--config.optimizer.warmup_steps=10', *extra]
+
+
+def _env(**extra):
+  return {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': REPO_ROOT,
+          'XLA_FLAGS': '--xla_force_host_platform_device_count=1', **extra}
+
+
+def _steps(workdir):
+  directory = os.path.join(workdir, 'checkpoints')
+  return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if os.path.isdir(directory) else []
+
+
+def _wait_for_checkpoint(workdir, processes, at_least):
+  deadline = time.time() + 300
+  while not any(s >= at_least for s in _steps(workdir)):
+    assert all(p.poll() is None for p in processes), 'the run ended before it could be stopped'
+    assert time.time() < deadline
+    time.sleep(0.05)
+
+
+def _assert_same_end(a_workdir, b_workdir, step):
+  a, b = checkpoint.restore_arrays(a_workdir, step), checkpoint.restore_arrays(b_workdir, step)
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('data'))
+  import data  # pylint: disable=g-import-not-at-top
+  data.load('digits', 'train', data_dir=path)
+  data.load('digits', 'test', data_dir=path)
+  return path
+
+
+def test_sigterm_saves_stops_and_the_rerun_is_bit_identical(tmp_path, data_dir):
+  steps = 3000
+  straight, stopped = str(tmp_path / 'straight'), str(tmp_path / 'stopped')
+  subprocess.run(_command(straight, data_dir, steps), env=_env(), cwd=REPO_ROOT, check=True,
+                 capture_output=True, timeout=600)
+  process = subprocess.Popen(_command(stopped, data_dir, steps), env=_env(), cwd=REPO_ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  _wait_for_checkpoint(stopped, [process], 300)
+  process.send_signal(signal.SIGTERM)
+  _, err = process.communicate(timeout=300)
+  assert process.returncode == 128 + signal.SIGTERM, err[-2000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith('stopped at step ') and last.endswith('; rerun the same command to resume')
+  at = int(last.split()[3].rstrip(';'))
+  assert 300 <= at < steps and at in _steps(stopped)  # saved where it stopped
+  assert 'Traceback' not in err
+
+  rerun = subprocess.run(_command(stopped, data_dir, steps), env=_env(), cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=600)
+  assert rerun.returncode == 0, rerun.stderr[-2000:]
+  assert f'resuming from step {at} of {steps}' in rerun.stderr
+  _assert_same_end(straight, stopped, steps)
+
+
+def test_a_second_ctrl_c_exits_at_once():
+  source = textwrap.dedent('''
+      import os, signal, time
+      from train import preemption
+      with preemption.StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and stop.exit_code == 130
+        print('first handled', flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+      print('not reached', flush=True)
+  ''')
+  result = subprocess.run([sys.executable, '-c', source], env=_env(), cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode == 130
+  assert result.stdout.strip() == 'first handled'
+  assert result.stderr.strip().splitlines()[-1] == 'interrupted again: exiting without saving'
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(tmp_path, data_dir):
+  steps = 2000
+
+  def launch(workdir):
+    address = f'127.0.0.1:{_free_port()}'
+    return [subprocess.Popen(
+        _command(workdir, data_dir, steps, f'--coordinator_address={address}',
+                 '--num_processes=2', f'--process_id={i}', '--config.model.dropout_rate=0.0'),
+        env=_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(2)]
+
+  straight = str(tmp_path / 'straight')
+  for p in launch(straight):
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-2000:]
+
+  stopped = str(tmp_path / 'stopped')
+  processes = launch(stopped)
+  _wait_for_checkpoint(stopped, processes, 300)
+  processes[1].send_signal(signal.SIGTERM)
+  errs = [p.communicate(timeout=300)[1] for p in processes]
+  assert [p.returncode for p in processes] == [1, 128 + signal.SIGTERM], errs[0][-2000:]
+  lasts = [e.strip().splitlines()[-1] for e in errs]
+  assert lasts[0] == lasts[1] and lasts[0].startswith('stopped at step '), lasts
+  at = int(lasts[0].split()[3].rstrip(';'))
+  assert at in _steps(stopped) and at < steps
+
+  for p in launch(stopped):
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-2000:]
+  _assert_same_end(straight, stopped, steps)
