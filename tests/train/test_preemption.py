@@ -12,7 +12,6 @@ import time
 
 import jax
 import numpy as np
-import pytest
 
 from tests.subprocess_util import REPO_ROOT
 from tests.train.test_multiprocess import _free_port
@@ -51,15 +50,6 @@ def _assert_same_end(a_workdir, b_workdir, step):
   assert jax.tree.structure(a) == jax.tree.structure(b)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('data'))
-  import data  # pylint: disable=g-import-not-at-top
-  data.load('digits', 'train', data_dir=path)
-  data.load('digits', 'test', data_dir=path)
-  return path
 
 
 def test_sigterm_saves_stops_and_the_rerun_is_bit_identical(tmp_path, data_dir):

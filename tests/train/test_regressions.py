@@ -155,14 +155,6 @@ def test_eval_streams_change_with_the_batch_index_and_repeat_on_a_rerun():
 
 # A real run of the loop on digits. -----------------------------------------------------------
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('data'))
-  import data  # pylint: disable=g-import-not-at-top
-  data.load('digits', 'train', data_dir=path)
-  return path
-
-
 def _digits_config(data_dir, **overrides):
   config = digits_mlp.get_config()
   config.data.data_dir = data_dir

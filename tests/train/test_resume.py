@@ -9,7 +9,6 @@ import time
 
 import jax
 import numpy as np
-import pytest
 
 from tests.subprocess_util import REPO_ROOT, run_python
 from train import checkpoint
@@ -33,14 +32,6 @@ def _checkpoint_steps(workdir):
   if not os.path.isdir(directory):
     return []
   return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('data'))
-  import data  # pylint: disable=g-import-not-at-top
-  data.load('digits', 'train', data_dir=path)  # prepared once, shared by all runs
-  return path
 
 
 def test_sigkill_and_restart_is_bit_identical(tmp_path, data_dir):

@@ -14,14 +14,6 @@ from tests.train import test_checkpoint as damage_lib
 from train import checkpoint, loop
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('data'))
-  import data  # pylint: disable=g-import-not-at-top
-  data.load('digits', 'train', data_dir=path)
-  return path
-
-
 def _config(data_dir, **overrides):
   config = digits_mlp.get_config()
   config.data.data_dir = data_dir
@@ -159,3 +151,17 @@ def test_finished_run_says_so_and_eta_uses_this_sessions_rate(data_dir, straight
   assert writer_lines[-1].endswith('100s elapsed, eta 100s'), writer_lines[-1]
   # The records of steps after the resume point were dropped before appending.
   assert [r['step'] for r in _records(workdir)] == [50, 100, 150, 200, 300]
+
+
+def test_profile_steps_write_a_trace_viewable_in_tensorboard(data_dir, tmp_path):
+  workdir = tmp_path / 'profiled'
+  loop.setup(_config(data_dir, num_train_steps=6, profile_steps=(2, 4),
+                    **{'optimizer.warmup_steps': 1}), str(workdir)).train()
+  traces = list((workdir / 'profile').rglob('*.xplane.pb'))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize('steps', [(4, 2), (3,), (-1, 2)])
+def test_bad_profile_steps_are_refused(data_dir, tmp_path, steps):
+  with pytest.raises(ValueError, match=r'config.profile_steps must be \(first, end\)'):
+    loop.setup(_config(data_dir, profile_steps=steps), str(tmp_path / 'w'))
