@@ -205,6 +205,8 @@ def _read(path, expected_type: str | None = None) -> dict:
       payload = json.load(f)
   except (UnicodeDecodeError, json.JSONDecodeError) as error:
     raise _invalid(path, f'it is not UTF-8 JSON ({error})') from None
+  except RecursionError:
+    raise _invalid(path, 'it nests deeper than any tokenizer file') from None
   if not isinstance(payload, dict) or payload.get('format') != FORMAT:
     found = payload.get('format') if isinstance(payload, dict) else type(payload).__name__
     raise _invalid(path, f'its format is {found!r}, not {FORMAT!r}')

@@ -159,3 +159,39 @@ def test_a_slurm_job_step_joins_one_run_without_flags(tmp_path):
   with open(workdir / 'metrics.jsonl', encoding='utf-8') as f:
     rows = [json.loads(line) for line in f]
   assert [r['step'] for r in rows if r['split'] == 'train'] == list(range(1, steps + 1))
+
+
+def _prepared_digits(data_dir):
+  return (f'--config={_DIGITS}', f'--config.data.data_dir={data_dir}')
+
+
+def test_model_widths_zero_or_negative(tmp_path, data_dir):
+  for features in ('(256, 0, 10)', '(256, -3, 10)'):
+    workdir = tmp_path / 'w'
+    line = _error(*_prepared_digits(data_dir), f'--workdir={workdir}',
+                  f'--config.model.features={features}')
+    assert line == f'error: MLP features must be positive integers, got {features}.'
+    assert not workdir.exists()  # nothing is created before every check passed
+
+
+def test_task_option_out_of_range(tmp_path, data_dir):
+  line = _error(*_prepared_digits(data_dir), f'--workdir={tmp_path / "w"}',
+                '--config.task.label_smoothing=2.0')
+  assert line == 'error: task.label_smoothing must lie in [0, 1), got 2.0.'
+
+
+def test_deeply_nested_tokenizer_file(tmp_path):
+  import data  # pylint: disable=g-import-not-at-top
+  source, data_dir, workdir = tmp_path / 'text', tmp_path / 'data', tmp_path / 'w'
+  source.mkdir()
+  (source / 'input.txt').write_text('To be, or not to be, that is the question.\n' * 50)
+  data.load('tiny_shakespeare', 'train', data_dir=str(data_dir), source_dir=str(source))
+  workdir.mkdir()
+  (workdir / 'tokenizer.json').write_text('[' * 100_000)
+  line = _error('--config=experiments/configs/shakespeare_char_conv.py', f'--workdir={workdir}',
+                f'--config.data.data_dir={data_dir}',
+                f'--config.data.options={{"source_dir": "{source}"}}')
+  assert line == (f"error: Tokenizer file '{workdir / 'tokenizer.json'}' is invalid: it nests "
+                  'deeper than any tokenizer file.')
+  assert (workdir / 'tokenizer.json').read_text() == '[' * 100_000  # left as it was
+  assert not (workdir / 'checkpoints').exists()

@@ -197,3 +197,24 @@ def test_a_second_run_on_a_work_directory_in_use_is_refused(config, tmp_path):
                             f'on {socket.gethostname()}')
   assert not (workdir / 'checkpoints').exists()
   loop.setup(config, str(workdir)).lock.release()  # free again once the holder let go
+
+
+def test_a_task_metric_of_the_wrong_shape_is_refused_at_setup(config, tmp_path, monkeypatch):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from train import tasks  # pylint: disable=g-import-not-at-top
+
+  @dataclasses.dataclass(frozen=True)
+  class PerClassWeights(tasks.Classification):
+    """A weight per class beside a loss per example: a shape bug a new task could make."""
+
+    def loss(self, model, batch):
+      metrics = super().loss(model, batch)
+      total, _ = metrics['loss']
+      return {**metrics, 'loss': (total, jnp.ones((total.shape[0], 10)))}
+
+  monkeypatch.setitem(tasks.TASKS, 'classification', PerClassWeights)
+  message = _setup_error(config, tmp_path / 'w')
+  assert message == ("Metric 'loss' has a total of shape (64,) and a weight of shape (64, 10); "
+                     'both need the same shape, batch axis (64) first.')
+  assert not (tmp_path / 'w').exists()

@@ -55,3 +55,20 @@ def test_a_resumed_run_appends_and_drops_the_steps_it_replays(tmp_path):
   writer.write(2, 'train', {'loss': 2.5})
   writer.close()
   assert steps() == [1, 2]
+
+
+def test_hook_outputs_go_to_jsonl_tensorboard_and_sample_files(tmp_path):
+  import matplotlib.image  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  writer = MetricWriter(str(tmp_path), total_steps=10)
+  image = np.linspace(0, 1, 4 * 6).reshape(4, 6, 1)
+  writer.write_outputs(10, {'bits_per_dim': 3.5, 'text': 'to be or not', 'grid': image})
+  writer.close()
+  records = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert records == [{'step': 10, 'split': 'eval', 'bits_per_dim': 3.5}]
+  assert (tmp_path / 'samples' / 'text_10.txt').read_text() == 'to be or not'
+  png = matplotlib.image.imread(tmp_path / 'samples' / 'grid_10.png')
+  assert png.shape[:2] == (4, 6)
+  # Gray levels kept to the 8-bit colour map's step (matplotlib bins [0, 1] into 256 levels).
+  np.testing.assert_allclose(png[..., 0], image[..., 0], atol=2 / 255)
+  assert list((tmp_path / 'tensorboard').glob('events.out.tfevents.*'))

@@ -1,0 +1,1 @@
+"""Vision models: convolutional networks over images (batch, height, width, channels)."""
