@@ -8,8 +8,18 @@ import jax.numpy as jnp
 
 from models.mlp import MLP
 from models.sequence.causal_conv import CausalConvLM
+from models.vision import resnet
+from models.vision.alexnet import AlexNet
+from models.vision.cnn1d import CNN1D
+from models.vision.lenet import LeNet5
 
-MODELS: dict[str, type[nn.Module]] = {'mlp': MLP, 'causal_conv_lm': CausalConvLM}
+MODELS: dict[str, type[nn.Module]] = {
+    'mlp': MLP, 'causal_conv_lm': CausalConvLM,
+    'cnn1d': CNN1D, 'lenet5': LeNet5, 'alexnet': AlexNet,
+    'resnet18': resnet.ResNet18, 'resnet34': resnet.ResNet34, 'resnet50': resnet.ResNet50,
+    'resnet20': resnet.ResNet20, 'resnet32': resnet.ResNet32, 'resnet44': resnet.ResNet44,
+    'resnet56': resnet.ResNet56, 'resnet110': resnet.ResNet110,
+}
 
 # Compute dtypes a config may name; parameters stay float32.
 DTYPES = ('float32', 'bfloat16', 'float16')

@@ -6,6 +6,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.vision import pooling
+
 # Channels of conv1 … conv5: the single-tower widths of Krizhevsky 2014 ("One weird
 # trick for parallelizing convolutional neural networks"), as in torchvision.
 CONV_FEATURES = (64, 192, 384, 256, 256)
@@ -58,7 +60,7 @@ class AlexNet(nn.Module):
   def __call__(self, x_BxHxWxC: jnp.ndarray, *, train: bool = False) -> jnp.ndarray:
     conv = lambda features, size: nn.Conv(self._width(features), (size, size), padding='SAME',
                                           dtype=self.dtype, param_dtype=jnp.float32)
-    pool = lambda h: nn.max_pool(h, (3, 3), strides=(2, 2), padding='SAME')
+    pool = lambda h: pooling.max_pool(h, (3, 3), strides=(2, 2), padding='SAME')
     h = pool(nn.relu(conv(CONV_FEATURES[0], 3)(x_BxHxWxC)))
     h = pool(nn.relu(conv(CONV_FEATURES[1], 5)(h)))
     for features in CONV_FEATURES[2:]:

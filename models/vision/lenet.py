@@ -6,6 +6,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.vision import pooling
+
 ACTIVATIONS = {'tanh': jnp.tanh, 'relu': nn.relu}
 
 
@@ -63,7 +65,7 @@ class LeNet5(nn.Module):
     phi = ACTIVATIONS[self.activation]
     conv = lambda features: nn.Conv(features, (5, 5), padding='VALID', dtype=self.dtype,
                                     param_dtype=jnp.float32)
-    pool = lambda h: nn.avg_pool(h, (2, 2), strides=(2, 2))
+    pool = lambda h: pooling.avg_pool(h, (2, 2), strides=(2, 2))
     c1_Bx28x28x6 = phi(conv(6)(x_BxHxWxC))
     s2_Bx14x14x6 = pool(c1_Bx28x28x6)
     c3_Bx10x10x16 = phi(conv(16)(s2_Bx14x14x6))

@@ -1,0 +1,57 @@
+"""A 1-D convolutional classifier for sequences of scalars (e.g. MNIST-1D).
+
+Layer l: h^l_t = ReLU(Σ_j W^l_j h^{l−1}_{s·t + j − p} + b^l), a strided 1-D
+convolution; the last feature map is flattened into a linear classifier. The
+defaults are the convolutional baseline of Greydanus 2020 ("Scaling down deep
+learning", MNIST-1D): three convolutions of 25 channels, kernels 5, 3, 3,
+stride 2 and padding 1, so a length-40 signal becomes 19, 10 and then 5 positions.
+"""
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class CNN1D(nn.Module):
+  """Strided 1-D convolutions with ReLU, then a dense layer to the class logits.
+
+  Attributes:
+    num_classes: number of output logits.
+    channels: output channels of each convolution.
+    kernel_sizes: kernel size of each convolution (as many as `channels`).
+    strides: stride of each convolution (as many as `channels`).
+    padding: zeros added at both ends before each convolution.
+    dtype: compute dtype; parameters and logits are float32.
+  """
+  num_classes: int = 10
+  channels: Sequence[int] = (25, 25, 25)
+  kernel_sizes: Sequence[int] = (5, 3, 3)
+  strides: Sequence[int] = (2, 2, 2)
+  padding: int = 1
+  dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    layers = len(self.channels)
+    if not layers or len(self.kernel_sizes) != layers or len(self.strides) != layers:
+      raise ValueError(f'CNN1D needs as many kernel_sizes and strides as channels, got '
+                       f'{len(self.channels)}, {len(self.kernel_sizes)} and {len(self.strides)}.')
+    for name in ('channels', 'kernel_sizes', 'strides'):
+      values = getattr(self, name)
+      if not all(isinstance(v, int) and v > 0 for v in values):
+        raise ValueError(f'CNN1D {name} must be positive integers, got {tuple(values)}.')
+    if not isinstance(self.padding, int) or self.padding < 0:
+      raise ValueError(f'CNN1D padding must be an integer >= 0, got {self.padding!r}.')
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x_BxT: jnp.ndarray, *, train: bool = False) -> jnp.ndarray:
+    del train
+    h_BxTxC = x_BxT.reshape(x_BxT.shape[0], -1, 1) if x_BxT.ndim == 2 else x_BxT
+    for features, kernel, stride in zip(self.channels, self.kernel_sizes, self.strides):
+      h_BxTxC = nn.relu(nn.Conv(features, (kernel,), strides=(stride,),
+                                padding=((self.padding, self.padding),), dtype=self.dtype,
+                                param_dtype=jnp.float32)(h_BxTxC))
+    logits = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=jnp.float32)(
+        h_BxTxC.reshape(h_BxTxC.shape[0], -1))
+    return logits.astype(jnp.float32)

@@ -1,0 +1,291 @@
+"""LeNet-5, AlexNet and ResNet against independent references: parameter counts from
+the layer formulas and the published tables (LeCun et al. 1998; He et al. 2016 Table 6;
+torchvision), a NumPy LeNet-5 forward pass, closed-form block outputs at zero-initialised
+residuals, BatchNorm running statistics from the batch moments, dropout and dtype
+properties, and the one-sentence option errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import sliding_window_view
+
+from models import registry
+from models.vision import resnet
+from models.vision.alexnet import AlexNet
+from models.vision.lenet import LeNet5
+
+
+def _param_count(model, input_shape):
+  # eval_shape: no parameter array is materialised, so ResNet-50 costs nothing.
+  variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros(input_shape, jnp.float32))
+  return sum(leaf.size for leaf in jax.tree.leaves(variables['params']))
+
+
+def _conv_params(kernel, c_in, c_out, bias=True):
+  return kernel * kernel * c_in * c_out + (c_out if bias else 0)
+
+
+def _dense_params(d_in, d_out):
+  return d_in * d_out + d_out
+
+
+# ---------------------------------------------------------------------------- LeNet-5
+
+
+def test_lenet5_parameter_count_is_61706():
+  # C1 (5·5·1+1)·6, C3 (5·5·6+1)·16 (full connectivity), C5 (5·5·16+1)·120, F6, output.
+  expected = (_conv_params(5, 1, 6) + _conv_params(5, 6, 16) + _conv_params(5, 16, 120)
+              + _dense_params(120, 84) + _dense_params(84, 10))
+  assert expected == 61_706
+  assert _param_count(LeNet5(10), (1, 32, 32, 1)) == expected
+
+
+def _numpy_lenet5(params, x_BxHxWxC, phi):
+  """LeNet-5 in float64 NumPy: valid cross-correlations and 2×2 means."""
+  def conv(h, layer):
+    windows = sliding_window_view(h, (5, 5), axis=(1, 2))  # B×H'×W'×C×5×5
+    kernel = np.asarray(layer['kernel'], np.float64)  # 5×5×C×F
+    return np.einsum('bhwcij,ijcf->bhwf', windows, kernel) + np.asarray(layer['bias'], np.float64)
+
+  def pool(h):
+    b, hh, ww, c = h.shape
+    return h.reshape(b, hh // 2, 2, ww // 2, 2, c).mean(axis=(2, 4))
+
+  h = np.asarray(x_BxHxWxC, np.float64)
+  h = pool(phi(conv(h, params['Conv_0'])))
+  h = pool(phi(conv(h, params['Conv_1'])))
+  h = phi(conv(h, params['Conv_2'])).reshape(h.shape[0], -1)
+  dense = lambda h, layer: h @ np.asarray(layer['kernel'], np.float64) + np.asarray(layer['bias'], np.float64)
+  return dense(phi(dense(h, params['Dense_0'])), params['Dense_1'])
+
+
+@pytest.mark.parametrize('activation, phi', [('tanh', np.tanh), ('relu', lambda a: np.maximum(a, 0))])
+def test_lenet5_matches_numpy_forward_pass(activation, phi):
+  model = LeNet5(10, activation=activation)
+  x_Bx32x32x1 = jax.random.normal(jax.random.key(0), (2, 32, 32, 1))
+  variables = model.init(jax.random.key(1), x_Bx32x32x1)
+  logits_BxK = model.apply(variables, x_Bx32x32x1)
+  assert logits_BxK.shape == (2, 10) and logits_BxK.dtype == jnp.float32
+  np.testing.assert_allclose(logits_BxK, _numpy_lenet5(variables['params'], x_Bx32x32x1, phi),
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_lenet5_padding_makes_28x28_the_padded_32x32_network():
+  x_Bx28x28x1 = jax.random.normal(jax.random.key(0), (2, 28, 28, 1))
+  padded_Bx32x32x1 = jnp.pad(x_Bx28x28x1, ((0, 0), (2, 2), (2, 2), (0, 0)))
+  variables = LeNet5(10).init(jax.random.key(1), padded_Bx32x32x1)
+  np.testing.assert_allclose(LeNet5(10, padding=2).apply(variables, x_Bx28x28x1),
+                             LeNet5(10).apply(variables, padded_Bx32x32x1), rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match='needs 32×32 images after padding by 0, got 28×28'):
+    LeNet5(10).init(jax.random.key(1), x_Bx28x28x1)
+
+
+# ---------------------------------------------------------------------------- AlexNet
+
+
+@pytest.mark.parametrize('input_shape, final_map', [((2, 28, 28, 1), 4), ((2, 32, 32, 3), 4),
+                                                    ((2, 64, 64, 3), 8)])
+def test_alexnet_shapes_and_parameter_count(input_shape, final_map):
+  m = 0.25
+  model = AlexNet(10, width_multiplier=m)
+  c = [round(w * m) for w in (64, 192, 384, 256, 256)]
+  d = [round(w * m) for w in (1024, 1024)]
+  expected = (_conv_params(3, input_shape[-1], c[0]) + _conv_params(5, c[0], c[1]) + _conv_params(3, c[1], c[2])
+              + _conv_params(3, c[2], c[3]) + _conv_params(3, c[3], c[4])
+              + _dense_params(final_map * final_map * c[4], d[0]) + _dense_params(d[0], d[1])
+              + _dense_params(d[1], 10))
+  assert _param_count(model, input_shape) == expected
+  if input_shape[1] <= 32:  # Keep the forward passes tiny; the 64-pixel one is checked by count.
+    x = jax.random.normal(jax.random.key(0), input_shape)
+    variables = model.init(jax.random.key(1), x)
+    logits_BxK = model.apply(variables, x)
+    assert logits_BxK.shape == (2, 10) and logits_BxK.dtype == jnp.float32
+
+
+def test_alexnet_dropout_only_in_training():
+  x_Bx32x32x3 = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
+  model = AlexNet(10, width_multiplier=0.125)
+  variables = model.init(jax.random.key(1), x_Bx32x32x3)
+  train = lambda seed, m=model: m.apply(variables, x_Bx32x32x3, train=True, rngs={'dropout': jax.random.key(seed)})
+  # Without dropout, training and evaluation compute the same function (no other train-only path).
+  np.testing.assert_allclose(train(2, AlexNet(10, width_multiplier=0.125, dropout_rate=0.0)),
+                             model.apply(variables, x_Bx32x32x3), rtol=1e-6, atol=1e-6)
+  assert not np.allclose(train(2), train(3))
+  assert not np.allclose(train(2), model.apply(variables, x_Bx32x32x3))
+  # Evaluation needs no dropout key and is deterministic.
+  np.testing.assert_array_equal(model.apply(variables, x_Bx32x32x3), model.apply(variables, x_Bx32x32x3))
+
+
+# ----------------------------------------------------------------------------- ResNet
+
+
+@pytest.mark.parametrize('name, expected', [('resnet18', 11_689_512), ('resnet34', 21_797_672),
+                                            ('resnet50', 25_557_032)])
+def test_imagenet_resnet_parameter_counts_match_torchvision(name, expected):
+  # torchvision's counts: conv kernels, BN scale and offset, the 1000-way head; not the running statistics.
+  assert _param_count(registry.build(name, None, num_classes=1000), (1, 224, 224, 3)) == expected
+
+
+def _cifar_count_option_a(n, classes=10):
+  """6n+2 layers, option A: stem, 3n basic blocks, head; BN has 2 parameters per channel."""
+  conv_bn = lambda c_in, c_out: _conv_params(3, c_in, c_out, bias=False) + 2 * c_out
+  count = conv_bn(3, 16) + _dense_params(64, classes)
+  for c_in, c_out in ((16, 16), (16, 32), (32, 64)):
+    count += conv_bn(c_in, c_out) + conv_bn(c_out, c_out)  # The stage's first block.
+    count += (n - 1) * 2 * conv_bn(c_out, c_out)
+  return count
+
+
+# He et al. 2016, Table 6: depth → (n, parameters in millions as printed).
+_TABLE_6 = {20: (3, 0.27), 32: (5, 0.46), 44: (7, 0.66), 56: (9, 0.85), 110: (18, 1.7)}
+
+
+@pytest.mark.parametrize('depth', sorted(_TABLE_6))
+def test_cifar_resnet_parameter_counts_match_he_et_al_table_6(depth):
+  n, millions = _TABLE_6[depth]
+  model = registry.build(f'resnet{depth}', None, num_classes=10, shortcut='A')
+  assert model.stage_sizes == (n, n, n) and 6 * n + 2 == depth
+  count = _param_count(model, (1, 32, 32, 3))
+  # Exact: 269,722 / 464,154 / 658,586 / 853,018 / 1,727,962.
+  assert count == _cifar_count_option_a(n)
+  decimals = 1 if millions >= 1 else 2
+  assert round(count / 1e6, decimals) == millions
+  # Option B adds two 1×1 projections with BN: 16→32 and 32→64.
+  projections = (16 * 32 + 2 * 32) + (32 * 64 + 2 * 64)
+  assert _param_count(registry.build(f'resnet{depth}', None, num_classes=10), (1, 32, 32, 3)) == count + projections
+
+
+def test_resnet_forward_shapes_and_small_input_stem():
+  x_Bx32x32x3 = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
+  for name, options in [('resnet20', {}), ('resnet18', {}), ('resnet18', {'small_input_stem': True}),
+                        ('resnet50', {'small_input_stem': True})]:
+    model = registry.build(name, None, num_classes=10, **options)
+    variables = jax.eval_shape(model.init, jax.random.key(1), x_Bx32x32x3)
+    logits = jax.eval_shape(lambda v, x, m=model: m.apply(v, x), variables, x_Bx32x32x3)
+    assert logits.shape == (2, 10) and logits.dtype == jnp.float32
+  # The small-input stem is a 3×3 convolution, the ImageNet one 7×7.
+  for small_input_stem, size in ((True, 3), (False, 7)):
+    model = registry.build('resnet18', None, num_classes=10, small_input_stem=small_input_stem)
+    params = jax.eval_shape(model.init, jax.random.key(1), x_Bx32x32x3)['params']
+    assert params['stem_conv']['kernel'].shape == (size, size, 3, 64)
+  model = registry.build('resnet20', None, num_classes=10)
+  variables = model.init(jax.random.key(1), x_Bx32x32x3)
+  logits_BxK = model.apply(variables, x_Bx32x32x3)
+  assert logits_BxK.shape == (2, 10) and np.all(np.isfinite(logits_BxK))
+
+
+def _tiny_resnet(**options):
+  return resnet.ResNet(3, stage_sizes=(1, 1), stage_widths=(4, 8), stem_width=4, small_input_stem=True, **options)
+
+
+def test_batch_norm_running_statistics_per_channel_from_batch_moments():
+  model = _tiny_resnet()
+  x_Bx8x8x3 = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
+  variables = model.init(jax.random.key(1), x_Bx8x8x3)
+  stem = variables['batch_stats']['stem_norm']
+  assert stem['mean'].shape == (4,) and stem['var'].shape == (4,)
+  _, updated = model.apply(variables, x_Bx8x8x3, train=True, mutable=['batch_stats'])
+  # Independent reference: the stem convolution by lax, then μ ← 0.9μ + 0.1·mean, σ² ← 0.9σ² + 0.1·var
+  # with the per-channel moments over batch, height and width.
+  h = jax.lax.conv_general_dilated(x_Bx8x8x3, variables['params']['stem_conv']['kernel'], (1, 1),
+                                   ((1, 1), (1, 1)), dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  h = np.asarray(h, np.float64)
+  np.testing.assert_allclose(updated['batch_stats']['stem_norm']['mean'], 0.1 * h.mean(axis=(0, 1, 2)),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(updated['batch_stats']['stem_norm']['var'], 0.9 + 0.1 * h.var(axis=(0, 1, 2)),
+                             rtol=1e-4, atol=1e-5)
+  changed = jax.tree.map(lambda a, b: not np.allclose(a, b), variables['batch_stats'], updated['batch_stats'])
+  assert all(jax.tree.leaves(changed))
+  _, kept = model.apply(variables, x_Bx8x8x3, train=False, mutable=['batch_stats'])
+  jax.tree.map(np.testing.assert_array_equal, kept['batch_stats'], variables['batch_stats'])
+
+
+def test_batch_norm_axis_name_averages_statistics_over_the_mapped_axis():
+  # Two shards of two examples under vmap(axis_name) give the statistics of the whole batch of four.
+  x_4x8x8x3 = jax.random.normal(jax.random.key(0), (4, 8, 8, 3))
+  variables = _tiny_resnet().init(jax.random.key(1), x_4x8x8x3)
+  whole, whole_stats = _tiny_resnet().apply(variables, x_4x8x8x3, train=True, mutable=['batch_stats'])
+  model = registry.build('resnet20', 'shards', num_classes=3)
+  assert model.batch_norm_axis_name == 'shards'
+  sharded = _tiny_resnet(batch_norm_axis_name='shards')
+  apply = lambda x: sharded.apply(variables, x, train=True, mutable=['batch_stats'])
+  logits, stats = jax.vmap(apply, axis_name='shards')(x_4x8x8x3.reshape(2, 2, 8, 8, 3))
+  np.testing.assert_allclose(logits.reshape(4, 3), whole, rtol=1e-4, atol=1e-5)
+  jax.tree.map(lambda s, w: np.testing.assert_allclose(s[0], w, rtol=1e-4, atol=1e-6),
+               stats['batch_stats'], whole_stats['batch_stats'])
+
+
+@pytest.mark.parametrize('shortcut', ['A', 'B'])
+@pytest.mark.parametrize('train', [False, True])
+def test_zero_init_residual_blocks_start_as_their_shortcut(shortcut, train):
+  # With the last γ = 0 the residual branch vanishes: y = ReLU(shortcut(x)).
+  x_Bx8x8x16 = jax.random.normal(jax.random.key(0), (2, 8, 8, 16))
+  identity = resnet.BasicBlock(16, zero_init_residual=True, shortcut=shortcut)
+  variables = identity.init(jax.random.key(1), x_Bx8x8x16)
+  y, _ = identity.apply(variables, x_Bx8x8x16, train=train, mutable=['batch_stats'])
+  np.testing.assert_allclose(y, jax.nn.relu(x_Bx8x8x16), rtol=1e-6, atol=1e-6)
+  down = resnet.BasicBlock(32, strides=2, zero_init_residual=True, shortcut=shortcut)
+  variables = down.init(jax.random.key(1), x_Bx8x8x16)
+  y_Bx4x4x32, _ = down.apply(variables, x_Bx8x8x16, train=train, mutable=['batch_stats'])
+  assert y_Bx4x4x32.shape == (2, 4, 4, 32)
+  if shortcut == 'A':  # Subsampled identity, zero-padded from 16 to 32 channels.
+    expected = jnp.pad(jax.nn.relu(x_Bx8x8x16[:, ::2, ::2]), ((0, 0), (0, 0), (0, 0), (0, 16)))
+    np.testing.assert_allclose(y_Bx4x4x32, expected, rtol=1e-6, atol=1e-6)
+  else:
+    assert set(variables['params']) == {'Conv_0', 'BatchNorm_0', 'Conv_1', 'BatchNorm_1',
+                                        'shortcut_conv', 'shortcut_norm'}
+
+
+def test_bottleneck_block_zero_init_and_last_scales():
+  x_Bx8x8x64 = jax.random.normal(jax.random.key(0), (2, 8, 8, 64))
+  block = resnet.BottleneckBlock(16, zero_init_residual=True)  # 4·16 = 64: identity shortcut.
+  variables = block.init(jax.random.key(1), x_Bx8x8x64)
+  np.testing.assert_allclose(block.apply(variables, x_Bx8x8x64), jax.nn.relu(x_Bx8x8x64), rtol=1e-6, atol=1e-6)
+  # Every block's last γ starts at 0, the others at 1 (checked without building ResNet-50's arrays).
+  model = _tiny_resnet(block='bottleneck', zero_init_residual=True)
+  params = model.init(jax.random.key(1), jnp.zeros((1, 8, 8, 3)))['params']
+  for stage_block, width in (('stage1_block1', 4), ('stage2_block1', 8)):
+    np.testing.assert_array_equal(params[stage_block]['BatchNorm_2']['scale'], np.zeros(4 * width))
+    np.testing.assert_array_equal(params[stage_block]['BatchNorm_1']['scale'], np.ones(width))
+    np.testing.assert_array_equal(params[stage_block]['shortcut_norm']['scale'], np.ones(4 * width))
+
+
+# -------------------------------------------------------------------- dtype and options
+
+
+@pytest.mark.parametrize('name, options, input_shape', [
+    ('lenet5', {'padding': 2}, (2, 28, 28, 1)),
+    ('alexnet', {'width_multiplier': 0.125}, (2, 32, 32, 3)),
+    ('resnet20', {}, (2, 32, 32, 3)),
+])
+def test_bfloat16_compute_keeps_float32_params_and_logits(name, options, input_shape):
+  model = registry.build(name, None, num_classes=10, dtype='bfloat16', **options)
+  assert model.dtype == jnp.bfloat16
+  x = jax.random.normal(jax.random.key(0), input_shape)
+  variables = model.init(jax.random.key(1), x)
+  assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(variables))
+  logits_BxK, _ = model.apply(variables, x, train=True, mutable=['batch_stats'],
+                              rngs={'dropout': jax.random.key(2)})
+  assert logits_BxK.shape == (2, 10) and logits_BxK.dtype == jnp.float32
+  reference = registry.build(name, None, num_classes=10, **options).apply(variables, x)
+  np.testing.assert_allclose(model.apply(variables, x), reference, rtol=0.1, atol=0.1)
+
+
+@pytest.mark.parametrize('name, options, message', [
+    ('lenet5', {'num_classes': 0}, 'LeNet5 num_classes must be a positive integer, got 0.'),
+    ('lenet5', {'activation': 'gelu'}, "LeNet5 activation must be one of tanh, relu, got 'gelu'."),
+    ('lenet5', {'padding': -1}, 'LeNet5 padding must be a non-negative integer, got -1.'),
+    ('alexnet', {'width_multiplier': 0}, 'AlexNet width_multiplier must be a positive number, got 0.'),
+    ('alexnet', {'dropout_rate': 1.0}, r'AlexNet dropout_rate must lie in \[0, 1\), got 1.0.'),
+    ('resnet18', {'block': 'wide'}, "ResNet18 block must be one of basic, bottleneck, got 'wide'."),
+    ('resnet20', {'shortcut': 'C'}, "ResNet20 shortcut must be one of A, B, got 'C'."),
+    ('resnet34', {'stage_sizes': [3, 0, 6, 3]},
+     r'ResNet34 stage_sizes must be a non-empty sequence of positive integers, got \(3, 0, 6, 3\).'),
+    ('resnet50', {'stage_widths': (64, 128)},
+     r'ResNet50 needs one width per stage, got stage_sizes=\(3, 4, 6, 3\) and stage_widths=\(64, 128\).'),
+])
+def test_option_errors_are_one_sentence(name, options, message):
+  options = {'num_classes': 10, **options}
+  with pytest.raises(ValueError, match=f'^{message}$'):
+    registry.build(name, None, **options)
