@@ -82,6 +82,7 @@ def measure_step(config, steps: int) -> dict:
     for _ in range(_PIPELINE_BATCHES.value):
       next(iterator)
     batch_seconds = (time.perf_counter() - start) / _PIPELINE_BATCHES.value
+    run.lock.release()
   return {'step_seconds': step_seconds, 'flops': flops, 'batch_seconds': batch_seconds,
           'mode': par.mode, 'devices': par.num_devices}
 

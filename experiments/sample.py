@@ -30,9 +30,7 @@ flags.mark_flags_as_required(['workdir'])
 def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, top_k: int,
            top_p: float, num_samples: int, seed: int) -> tuple[list[str], int]:
   """(samples, checkpoint step) of the run in `workdir`; one-sentence errors for bad inputs."""
-  import inspect  # pylint: disable=g-import-not-at-top
-  import jax
-  import numpy as np
+  import jax  # pylint: disable=g-import-not-at-top
   from data import text, tokenizers
   from models import registry
   from train import checkpoint, loop, sampling
@@ -57,12 +55,9 @@ def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, to
   state = checkpoint.restore_arrays(workdir)
   params = state['ema_params'] if state.get('ema_params') is not None else state['params']
   variables = {'params': params, **(state.get('model_state') or {})}
-  use_cache = 'decode' in inspect.signature(type(model).__call__).parameters
-  prompt_BxP = np.tile(np.asarray(prompt_ids, np.int32), (num_samples, 1))
-  tokens = sampling.generate(model, variables, prompt_BxP, jax.random.PRNGKey(seed),
-                             num_new_tokens=num_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, use_cache=use_cache)
-  samples = [tokenizer.decode([int(t) for t in row]) for row in jax.device_get(tokens)]
+  samples = sampling.generate_text(model, variables, tokenizer, prompt, jax.random.PRNGKey(seed),
+                                   num_samples=num_samples, num_new_tokens=num_tokens,
+                                   temperature=temperature, top_k=top_k, top_p=top_p)
   return samples, int(state['step'])
 
 

@@ -9,10 +9,12 @@ Sampling arguments are Python numbers, checked when traced and static under `jit
 """
 
 import functools
+import inspect
 import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def check_options(temperature, top_k, top_p):
@@ -155,3 +157,20 @@ def _generate(model, variables, prompt_BxP, key, *, num_new_tokens, sampling, us
     logits_NxBxV = None if logits_SxBxV is None else logits_SxBxV[prompt_length - 1:]
   logits_BxNxV = None if logits_NxBxV is None else logits_NxBxV.transpose(1, 0, 2)
   return tokens_BxL, logits_BxNxV
+
+
+def supports_cache(model) -> bool:
+  """Whether `model` takes `decode=True`, the cache protocol `generate` uses."""
+  return 'decode' in inspect.signature(type(model).__call__).parameters
+
+
+def generate_text(model, variables, tokenizer, prompt: str, key, *, num_samples: int,
+                  num_new_tokens: int, temperature=1.0, top_k=None, top_p=None) -> list[str]:
+  """`num_samples` continuations of `prompt`, encoded and decoded with `tokenizer`
+  (anything with `encode(str) -> ids` and `decode(ids) -> str`), each `num_new_tokens`
+  tokens long; the model's cache is used when it has one."""
+  prompt_BxP = np.tile(np.asarray(tokenizer.encode(prompt), np.int32), (num_samples, 1))
+  tokens = generate(model, variables, prompt_BxP, key, num_new_tokens=num_new_tokens,
+                    temperature=temperature, top_k=top_k, top_p=top_p,
+                    use_cache=supports_cache(model))
+  return [tokenizer.decode([int(t) for t in row]) for row in jax.device_get(tokens)]

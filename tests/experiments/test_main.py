@@ -127,7 +127,9 @@ def test_resume_under_a_changed_optimiser_is_refused_but_step_count_may_change(c
   assert 'optimizer.learning_rate (0.002 -> 1000000.0)' in message and 'seed (0 -> 3)' in message
   config.optimizer.learning_rate, config.seed = 2e-3, 0
   config.num_train_steps, config.log_every_steps, config.parallel.mode = 20, 5, 'shard_map'
-  assert int(loop.setup(config, str(workdir)).train() is not None)
+  loop.setup(config, str(workdir)).train()
+  from train import checkpoint  # pylint: disable=g-import-not-at-top
+  assert int(checkpoint.restore_arrays(str(workdir))['step']) == 20  # resumed and ran on
   assert loop.read_config(str(workdir)).num_train_steps == 20
 
 

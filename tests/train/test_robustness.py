@@ -139,7 +139,6 @@ def test_finished_run_says_so_and_eta_uses_this_sessions_rate(data_dir, straight
   assert 'already finished at step 300' in capfd.readouterr().err
   # Resumed at 200 of 400: after 100 more steps the ETA is about the time they took,
   # not (elapsed / 300 done) * 100, which would be a third of it.
-  writer_lines = []
   shutil.rmtree(workdir)
   shutil.copytree(straight[0], workdir)
   from train import metrics  # pylint: disable=g-import-not-at-top

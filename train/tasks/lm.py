@@ -8,9 +8,7 @@ total units / ln 2, which compares tokenizers on the same text.
 """
 
 import dataclasses
-import inspect
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -81,13 +79,8 @@ class LanguageModel(base.Task):
 
   def _sample(self, context: base.HookContext) -> dict:
     """Continuations of the prompt, decoded to text."""
-    tokenizer = self.meta['tokenizer']
-    prompt = np.asarray(tokenizer.encode(self.prompt), np.int32)
-    prompt_BxP = np.tile(prompt, (self.num_samples, 1))
-    use_cache = 'decode' in inspect.signature(type(context.module).__call__).parameters
-    tokens = sampling.generate(
-        context.module, context.variables, prompt_BxP, context.rng,
-        num_new_tokens=self.sample_length, temperature=self.temperature, top_k=self.top_k,
-        top_p=self.top_p, use_cache=use_cache)
-    texts = [tokenizer.decode([int(t) for t in row]) for row in jax.device_get(tokens)]
+    texts = sampling.generate_text(
+        context.module, context.variables, self.meta['tokenizer'], self.prompt, context.rng,
+        num_samples=self.num_samples, num_new_tokens=self.sample_length,
+        temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
     return {'sample': '\n----\n'.join(texts)}
