@@ -6,7 +6,7 @@ memory as stacked arrays when `in_memory`; text data sets named with a
 `tokenizer` come back as token windows (`data.text`). `meta` describes the data
 for the task and the model: its `features`, `num_classes` when the label has
 them, or the tokenizer, vocabulary and text unit; `meta['model_defaults']`
-holds model options the data determines (e.g. `vocab_size`).
+holds model options the data determines (`vocab_size`, `num_classes`).
 """
 
 import numpy as np
@@ -35,5 +35,6 @@ def make_sources(data_config, workdir: str):
     label = features['label'] if 'label' in features else None
     if getattr(label, 'num_classes', None):
       meta['num_classes'] = label.num_classes
+      meta['model_defaults'] = {'num_classes': label.num_classes}
   meta.setdefault('features', tuple(sorted(pipeline.read_batch(train_source, np.zeros(1, np.int64)))))
   return train_source, eval_source, meta

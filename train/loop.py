@@ -408,6 +408,21 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *,
   return run
 
 
+def build_parts(config, workdir: str, axis_name: str | None = None) -> tuple:
+  """(train source, eval source, meta, task, model) of `config`; writes nothing.
+
+  Also what a script needs to use a trained run again (its data, objective and
+  model), e.g. `experiments/plot_filters.py`.
+  """
+  train_source, eval_source, meta = inputs.make_sources(config.data, workdir)
+  task_options = config.task.to_dict()
+  task = tasks.build(task_options.pop('name'), meta, **task_options)
+  model_options = config.model.to_dict()
+  model = registry.build(model_options.pop('name'), axis_name, meta.get('model_defaults'),
+                         **model_options)
+  return train_source, eval_source, meta, task, model
+
+
 def _build(config, workdir: str, allow_config_change: bool) -> tuple[Run, dict]:
   """Checks everything and builds the run, writing nothing."""
   check_record(config, workdir, allow_config_change)
@@ -425,12 +440,8 @@ def _build(config, workdir: str, allow_config_change: bool) -> tuple[Run, dict]:
     raise ValueError(f'config.grad_accum_steps={config.grad_accum_steps} does not divide the '
                      f'batch of {per_device} examples per device.')
 
-  train_source, eval_source, meta = inputs.make_sources(config.data, workdir)
-  task_options = config.task.to_dict()
-  task = tasks.build(task_options.pop('name'), meta, **task_options)
-  model_options = config.model.to_dict()
-  model_name = model_options.pop('name')
-  model = registry.build(model_name, par.axis_name, meta.get('model_defaults'), **model_options)
+  train_source, eval_source, meta, task, model = build_parts(config, workdir, par.axis_name)
+  model_name = config.model.name
   tx, learning_rate_fn = optim.make_optimizer(config.optimizer, config.num_train_steps)
 
   example = task.preprocess(pipeline.read_batch(train_source, np.zeros(1, np.int64)))

@@ -6,7 +6,11 @@
   name: 'sgd' | 'momentum' | 'adam' | 'adamw'
   learning_rate: peak learning rate (> 0)
   momentum, nesterov: for 'momentum' (heavy ball or Nesterov)
-  b1, b2, eps: for 'adam'/'adamw';  weight_decay: for 'adamw'
+  b1, b2, eps: for 'adam'/'adamw'
+  weight_decay: λ. For 'adamw' the decoupled decay of Loshchilov & Hutter
+    (θ ← θ − η(update + λθ)); for 'sgd' and 'momentum' the classic L2 term
+    added to the gradient before the momentum (g ← g + λθ, as in He et al.
+    2016); 'adam' has none.
   weight_decay_mask: 'all' (every parameter) | 'kernels' (only parameters of
     two or more dimensions: no decay on biases and normalisation scales/offsets)
   grad_clip_norm: clip by global norm (seed 001) when > 0
@@ -39,6 +43,8 @@ def validate(config, total_steps: int) -> None:
   if config.get('weight_decay_mask', 'all') not in DECAY_MASKS:
     raise ValueError(f'Unknown optimizer.weight_decay_mask {config.weight_decay_mask!r}; allowed: '
                      f'{", ".join(DECAY_MASKS)}.')
+  if config.get('weight_decay', 0.0) < 0:
+    raise ValueError(f'optimizer.weight_decay must be >= 0, got {config.weight_decay!r}.')
   if config.get('grad_clip_norm', 0.0) < 0:
     raise ValueError(f'optimizer.grad_clip_norm must be >= 0 (0 disables clipping), '
                      f'got {config.grad_clip_norm!r}.')
@@ -67,10 +73,12 @@ def make_optimizer(config, total_steps: int) -> tuple[optax.GradientTransformati
   """Returns the Optax transformation and its learning-rate schedule."""
   validate(config, total_steps)
   lr = make_schedule(config, total_steps)
-  if config.name == 'sgd':
-    tx = optax.sgd(lr)
-  elif config.name == 'momentum':
-    tx = optax.sgd(lr, momentum=config.get('momentum', 0.9), nesterov=config.get('nesterov', False))
+  if config.name in ('sgd', 'momentum'):
+    momentum = config.get('momentum', 0.9) if config.name == 'momentum' else None
+    tx = optax.sgd(lr, momentum=momentum, nesterov=momentum is not None and config.get('nesterov', False))
+    if config.get('weight_decay', 0.0) > 0:
+      tx = optax.chain(optax.add_decayed_weights(config.weight_decay,
+                                                 decay_mask(config.get('weight_decay_mask', 'all'))), tx)
   elif config.name == 'adam':
     tx = optax.adam(lr, b1=config.get('b1', 0.9), b2=config.get('b2', 0.999), eps=config.get('eps', 1e-8))
   else:

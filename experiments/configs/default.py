@@ -18,6 +18,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.task.name = 'classification'
   config.task.input_key = 'image'
   config.task.input_scale = 1.0
+  # Per-channel normalisation (input - mean) / std after augmentation, one value
+  # per channel, e.g. the training set's statistics; () for none.
+  config.task.input_mean = ()
+  config.task.input_std = ()
   config.task.label_smoothing = 0.0
   # Augmentation stages applied to each train batch on the device, e.g.
   # ({'name': 'random_crop', 'padding': 2}, {'name': 'mixup', 'alpha': 0.2});

@@ -25,6 +25,7 @@ def get_config():
   config.optimizer.name = 'momentum'
   config.optimizer.learning_rate = 1e-2
   config.optimizer.momentum = 0.9
+  config.optimizer.weight_decay = 0.0
   config.optimizer.schedule = 'constant'
   config.global_batch_size = 256
   config.eval_batch_size = 1000

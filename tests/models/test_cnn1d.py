@@ -8,11 +8,11 @@ import pytest
 from models.vision.cnn1d import CNN1D
 
 
-def _numpy_forward(params, x_BxT, strides, padding):
+def _numpy_forward(params, x_BxT, strides, padding, pooling='flatten', batch_norm=None):
+  """batch_norm: None, 'batch' (train: statistics of this batch) or 'running' (eval: init stats 0, 1)."""
   h = x_BxT[:, :, None].astype(np.float64)
   for layer, stride in enumerate(strides):
     kernel = np.asarray(params[f'Conv_{layer}']['kernel'], np.float64)  # [k, C_in, C_out]
-    bias = np.asarray(params[f'Conv_{layer}']['bias'], np.float64)
     k = kernel.shape[0]
     padded = np.pad(h, ((0, 0), (padding, padding), (0, 0)))
     length = (h.shape[1] + 2 * padding - k) // stride + 1  # ⌊(n + 2p − k)/s⌋ + 1
@@ -20,9 +20,16 @@ def _numpy_forward(params, x_BxT, strides, padding):
     for t in range(length):
       for j in range(k):  # cross-correlation: tap j reads position s·t + j − p
         out[:, t] += padded[:, stride * t + j] @ kernel[j]
-    h = np.maximum(out + bias, 0)
+    if batch_norm is None:
+      out += np.asarray(params[f'Conv_{layer}']['bias'], np.float64)
+    else:  # y = γ (x − μ) / √(σ² + ε) + β, μ and σ² per channel over batch and positions
+      norm = params[f'BatchNorm_{layer}']
+      mean, var = (out.mean((0, 1)), out.var((0, 1))) if batch_norm == 'batch' else (0.0, 1.0)
+      out = np.asarray(norm['scale']) * (out - mean) / np.sqrt(var + 1e-5) + np.asarray(norm['bias'])
+    h = np.maximum(out, 0)
+  z = {'flatten': lambda: h.reshape(h.shape[0], -1), 'mean': lambda: h.mean(1), 'max': lambda: h.max(1)}[pooling]()
   dense = params['Dense_0']
-  return h.reshape(h.shape[0], -1) @ np.asarray(dense['kernel']) + np.asarray(dense['bias'])
+  return z @ np.asarray(dense['kernel']) + np.asarray(dense['bias'])
 
 
 def test_logits_equal_the_equation_and_the_published_layout():
@@ -36,10 +43,66 @@ def test_logits_equal_the_equation_and_the_published_layout():
                              _numpy_forward(params, x, (2, 2, 2), 1), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize('pooling', ['mean', 'max'])
+def test_global_pooling_reduces_over_positions(pooling):
+  model = CNN1D(channels=(8, 16, 32), pooling=pooling)
+  x = np.random.default_rng(2).normal(size=(4, 40)).astype(np.float32)
+  params = model.init(jax.random.PRNGKey(3), jnp.zeros((1, 40)))['params']
+  # Convolutions (5·1+1)·8, (3·8+1)·16, (3·16+1)·32; the head sees 32 features, not 5·32.
+  assert params['Dense_0']['kernel'].shape == (32, 10)
+  assert sum(p.size for p in jax.tree.leaves(params)) == 48 + 400 + 1568 + 330
+  logits = model.apply({'params': params}, x)
+  np.testing.assert_allclose(logits, _numpy_forward(params, x, (2, 2, 2), 1, pooling),
+                             rtol=1e-4, atol=1e-5)
+  # The same convolutions flattened: 5 positions · 32 channels reach the head.
+  flat = CNN1D(channels=(8, 16, 32)).init(jax.random.PRNGKey(3), jnp.zeros((1, 40)))['params']
+  assert flat['Dense_0']['kernel'].shape == (160, 10)
+
+
+def test_batch_norm_normalises_with_batch_statistics_in_training_and_running_ones_in_eval():
+  model = CNN1D(channels=(6, 6, 6), batch_norm=True)
+  x = np.random.default_rng(4).normal(size=(5, 40)).astype(np.float32)
+  variables = model.init(jax.random.PRNGKey(5), jnp.zeros((1, 40)))
+  params = variables['params']
+  assert 'bias' not in params['Conv_0']  # BN's offset β replaces the bias
+  # Kernels 5·1·6, 3·6·6, 3·6·6; γ and β per BN channel; head 30·10 + 10.
+  assert sum(p.size for p in jax.tree.leaves(params)) == 30 + 108 + 108 + 3 * 12 + 310
+  assert jax.tree.map(jnp.shape, variables['batch_stats']['BatchNorm_2']) == {'mean': (6,), 'var': (6,)}
+  params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(6), p.shape), params)
+  logits, updates = model.apply({'params': params, 'batch_stats': variables['batch_stats']}, x,
+                                train=True, mutable=['batch_stats'])
+  np.testing.assert_allclose(logits, _numpy_forward(params, x, (2, 2, 2), 1, batch_norm='batch'),
+                             rtol=1e-4, atol=1e-4)
+  # Running statistics move 10% of the way to the batch's: mean 0.9·0 + 0.1·μ.
+  assert np.all(np.asarray(updates['batch_stats']['BatchNorm_0']['mean']) != 0)
+  eval_logits = model.apply({'params': params, 'batch_stats': variables['batch_stats']}, x)
+  np.testing.assert_allclose(eval_logits, _numpy_forward(params, x, (2, 2, 2), 1, batch_norm='running'),
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_dropout_acts_only_in_training_and_rescales_the_kept_features():
+  model = CNN1D(pooling='max', dropout_rate=0.5)
+  x = np.random.default_rng(7).normal(size=(64, 40)).astype(np.float32)
+  params = model.init(jax.random.PRNGKey(8), jnp.zeros((1, 40)))['params']
+  plain = CNN1D(pooling='max').apply({'params': params}, x)
+  np.testing.assert_allclose(model.apply({'params': params}, x), plain, rtol=1e-6)
+  # With the head's kernel set to the identity on feature 0, a train logit is either
+  # 0 (dropped) or 2·z_0 (kept, scaled by 1/(1 − 0.5)).
+  head = {'kernel': jnp.zeros((25, 10)).at[0, 0].set(1.0), 'bias': jnp.zeros(10)}
+  params = {**params, 'Dense_0': head}
+  z0 = np.asarray(CNN1D(pooling='max').apply({'params': params}, x))[:, 0]
+  dropped = np.asarray(model.apply({'params': params}, x, train=True,
+                                   rngs={'dropout': jax.random.PRNGKey(9)}))[:, 0]
+  kept = np.isclose(dropped, 2 * z0, rtol=1e-5)
+  assert np.all(kept | (dropped == 0)) and 0 < kept[z0 > 0].mean() < 1
+
+
 @pytest.mark.parametrize('options, fragment', [
     (dict(channels=(8, 8), kernel_sizes=(3,), strides=(1, 1)), 'as many kernel_sizes'),
     (dict(channels=(8, 0, 8)), 'channels must be positive'),
     (dict(padding=-1), 'padding must be an integer >= 0'),
+    (dict(pooling='avg'), "Unknown CNN1D pooling 'avg'"),
+    (dict(dropout_rate=1.0), r'dropout_rate must lie in \[0, 1\)'),
 ])
 def test_bad_options_are_one_sentence(options, fragment):
   with pytest.raises(ValueError, match=fragment) as info:

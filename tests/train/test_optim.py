@@ -15,7 +15,7 @@ def _config(**kw):
   base = dict(name='sgd', learning_rate=0.1, schedule='constant', warmup_steps=0,
               final_lr_fraction=0.0, boundaries=(0.5, 0.75), decay_factor=0.1,
               grad_clip_norm=0.0, momentum=0.9, nesterov=False, b1=0.9, b2=0.999, eps=1e-8,
-              weight_decay=1e-4)
+              weight_decay=0.0)
   base.update(kw)
   return ml_collections.ConfigDict(base)
 
@@ -60,6 +60,28 @@ def test_nesterov_momentum_matches_hand_update():
     v = 0.9 * v + g
     theta = theta - 0.1 * (g + 0.9 * v)
   np.testing.assert_allclose(out, theta, rtol=1e-5)
+
+
+def test_momentum_weight_decay_is_l2_added_to_the_gradient_before_momentum():
+  rng = np.random.default_rng(1)
+  grads = [rng.normal(size=(2, 3)).astype(np.float32) for _ in range(3)]
+  params = {'kernel': jnp.ones((2, 3)), 'bias': jnp.ones(3)}
+  out = _run(_config(name='momentum', learning_rate=0.1, weight_decay=0.05,
+                     weight_decay_mask='kernels'),
+             [{'kernel': jnp.asarray(g), 'bias': jnp.asarray(g[0])} for g in grads], params)
+  # g ← g + λθ (kernels only); v ← μv + g; θ ← θ − ηv.
+  for name, decay in (('kernel', 0.05), ('bias', 0.0)):
+    theta, v = np.ones((2, 3) if name == 'kernel' else 3), 0.0
+    for g in grads:
+      g = (g if name == 'kernel' else g[0]) + decay * theta
+      v = 0.9 * v + g
+      theta = theta - 0.1 * v
+    np.testing.assert_allclose(out[name], theta, rtol=1e-5)
+
+
+def test_negative_weight_decay_is_refused():
+  with pytest.raises(ValueError, match='weight_decay must be >= 0'):
+    optim.make_optimizer(_config(weight_decay=-1e-4), 10)
 
 
 def test_adam_first_step_is_lr_times_sign():

@@ -2,6 +2,7 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -106,3 +107,41 @@ def test_language_model_options_are_checked():
 def test_finalize_of_an_empty_aggregate_is_nan_not_an_error():
   report = tasks.build('classification').finalize({'loss': (0.0, 0.0)})
   assert math.isnan(report['loss'])
+
+
+def test_per_channel_normalisation_in_training_and_evaluation():
+  task = tasks.build('classification', {'features': ('image', 'label'), 'num_classes': 3},
+                     input_mean=(0.5, 0.25), input_std=(2.0, 0.5))
+  rng = np.random.default_rng(0)
+  images = rng.uniform(size=(4, 3, 3, 2)).astype(np.float32)
+  batch = {'input': jnp.asarray(images), 'label': jnp.zeros(4, jnp.int32)}
+  expected = np.stack([(images[..., 0] - 0.5) / 2.0, (images[..., 1] - 0.25) / 0.5], -1)
+  for train in (False, True):
+    out = task.transform({}, batch, train)
+    np.testing.assert_allclose(out['input'], expected, rtol=1e-6)
+
+
+def test_normalisation_follows_augmentation():
+  # A crop of a padded image, then normalisation: the crop pads [0, 1] images with 0 first.
+  task = tasks.build('classification', {'features': ('image', 'label'), 'num_classes': 3},
+                     input_mean=(0.5,), input_std=(0.5,),
+                     augment=({'name': 'random_crop', 'padding': 1, 'p': 1.0},))
+  images = np.ones((8, 4, 4, 1), np.float32)
+  out = task.transform({'augment': jax.random.PRNGKey(0)},
+                       {'input': jnp.asarray(images), 'label': jnp.zeros(8, jnp.int32)}, True)
+  # Pixels inside the image become (1 − 0.5)/0.5 = 1, padding filled with 0 becomes −1.
+  values = set(np.unique(np.asarray(out['input'])).tolist())
+  assert values <= {1.0, -1.0} and -1.0 in values
+
+
+def test_normalisation_options_are_checked():
+  meta = {'features': ('image', 'label'), 'num_classes': 3}
+  message = _one_sentence(lambda: tasks.build('classification', meta, input_mean=(0.5, 0.5),
+                                               input_std=(0.5,)))
+  assert 'input_mean' in message and 'input_std' in message
+  assert 'positive' in _one_sentence(lambda: tasks.build('classification', meta, input_mean=(0.5,),
+                                                         input_std=(0.0,)))
+  task = tasks.build('classification', meta, input_mean=(0.5, 0.5, 0.5), input_std=(1.0, 1.0, 1.0))
+  batch = {'input': jnp.zeros((2, 4, 4, 1)), 'label': jnp.zeros(2, jnp.int32)}
+  message = _one_sentence(lambda: task.transform({}, batch, False))
+  assert '3 values' in message and '1 channels' in message

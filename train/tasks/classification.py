@@ -19,6 +19,10 @@ class Classification(base.Task):
   Options:
     input_key: the record feature that is the model input.
     input_scale: the input is `float32(record[input_key]) * input_scale`.
+    input_mean, input_std: per-channel normalisation `(input − mean) / std`
+      over the last axis (one value per channel, or one for all), applied on
+      the device after augmentation (which works on [0, 1] images), in
+      training and evaluation alike; empty for none.
     label_smoothing: ε in [0, 1): targets (1 − ε)·onehot + ε/C.
     augment: `data.augment` stages run on each train batch with the task's
       'augment' stream; labels become one-hot so mixup and cutmix can mix
@@ -29,9 +33,19 @@ class Classification(base.Task):
   input_key: str = 'image'
   input_scale: float = 1.0
   label_smoothing: float = 0.0
+  input_mean: Any = ()
+  input_std: Any = ()
   augment: Any = ()
 
   def validate(self):
+    mean, std = tuple(self.input_mean or ()), tuple(self.input_std or ())
+    if len(mean) != len(std):
+      raise ValueError(f'task.input_mean {mean!r} and task.input_std {std!r} must give one value '
+                       'per channel each (or both be empty).')
+    if any(not s > 0 for s in std):
+      raise ValueError(f'task.input_std must be positive, got {std!r}.')
+    object.__setattr__(self, 'input_mean', mean)
+    object.__setattr__(self, 'input_std', std)
     if not 0 <= self.label_smoothing < 1:
       raise ValueError(f'task.label_smoothing must lie in [0, 1), got {self.label_smoothing!r}.')
     features = self.meta.get('features')
@@ -56,11 +70,22 @@ class Classification(base.Task):
     return (batch['input'],)
 
   def transform(self, rngs, batch, train):
-    if not train or self._augment is None:
-      return batch
-    out = self._augment(rngs['augment'], {
-        'image': batch['input'], 'label': jax.nn.one_hot(batch['label'], self.meta['num_classes'])})
-    return {**batch, 'input': out['image'], 'label': out['label']}
+    if train and self._augment is not None:
+      out = self._augment(rngs['augment'], {
+          'image': batch['input'], 'label': jax.nn.one_hot(batch['label'], self.meta['num_classes'])})
+      batch = {**batch, 'input': out['image'], 'label': out['label']}
+    return {**batch, 'input': self.normalize(batch['input'])}
+
+  def normalize(self, inputs):
+    """`(inputs − input_mean) / input_std` per channel (the last axis)."""
+    if not self.input_mean:
+      return inputs
+    channels = inputs.shape[-1]
+    if len(self.input_mean) not in (1, channels):
+      raise ValueError(f'task.input_mean has {len(self.input_mean)} values but the input has '
+                       f'{channels} channels (its last axis); give one value per channel.')
+    mean = jnp.asarray(self.input_mean, inputs.dtype)
+    return (inputs - mean) / jnp.asarray(self.input_std, inputs.dtype)
 
   def loss(self, model, batch):
     logits_BxC = model(*self.model_inputs(batch)).astype(jnp.float32)

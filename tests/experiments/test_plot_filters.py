@@ -1,0 +1,41 @@
+"""The filters figure: the first convolution found by interception is the stem's, its maps are
+that kernel's correlation with the prepared image, and the PNG is written."""
+
+import os
+
+import numpy as np
+import pytest
+
+from experiments import plot_filters
+from models.vision import resnet
+from tests.experiments.test_recompute_batch_stats import trained_run  # pylint: disable=unused-import
+from train import checkpoint
+
+
+def test_first_conv_is_the_stem_and_its_maps_are_the_correlation():
+  import jax  # pylint: disable=g-import-not-at-top
+  module = resnet.ResNet(num_classes=3, stage_sizes=(1,), stage_widths=(4,), stem_width=4,
+                         small_input_stem=True)
+  x = np.random.default_rng(0).normal(size=(2, 6, 6, 1)).astype(np.float32)
+  variables = module.init(jax.random.PRNGKey(0), x)
+  kernel, maps = plot_filters.first_conv(module, variables, (x,))
+  stem = np.asarray(variables['params']['stem_conv']['kernel'])
+  np.testing.assert_array_equal(kernel, stem)
+  # 'SAME' 3×3 cross-correlation of image 0, by a loop over output pixels.
+  padded = np.pad(x[0, :, :, 0], 1)
+  expected = np.array([[[np.sum(padded[i:i + 3, j:j + 3] * stem[:, :, 0, k]) for k in range(4)]
+                        for j in range(6)] for i in range(6)])
+  np.testing.assert_allclose(maps, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_writes_the_figure_of_a_run(trained_run, tmp_path):
+  output = str(tmp_path / 'filters.png')
+  what = plot_filters.plot(trained_run, 0, output)
+  assert os.path.getsize(output) > 1000 and '4 kernels of 3×3' in what
+  assert 'step 3' in what and checkpoint.restore_arrays(trained_run)['step'] == 3
+
+
+def test_an_index_outside_the_eval_split_is_one_sentence(trained_run, tmp_path):
+  with pytest.raises(ValueError, match=r'^--index=360 is outside the eval split, which has 360 '
+                                       r'examples\.$'):
+    plot_filters.plot(trained_run, 360, str(tmp_path / 'f.png'))

@@ -1,0 +1,131 @@
+"""The batch-statistics script on a tiny ResNet run on digits: it writes the eval metrics
+before and after and changes nothing else in the work directory; bad inputs stop it with one
+sentence before anything is compiled."""
+
+import hashlib
+import json
+import math
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from experiments import recompute_batch_stats as script
+from experiments.configs import digits_mlp
+from train import checkpoint, loop
+
+
+def _config(data_dir, model):
+  config = digits_mlp.get_config()
+  config.data.data_dir = data_dir
+  config.model = ml_collections.ConfigDict(model)
+  config.num_train_steps = 3
+  config.optimizer.warmup_steps = 1
+  config.global_batch_size = 32
+  config.eval_batch_size = 120  # the 360 test images in 3 batches
+  for name in ('log_every_steps', 'eval_every_steps', 'checkpoint_every_steps'):
+    config[name] = 3
+  return config
+
+
+_TINY_RESNET = {'name': 'resnet20', 'stage_sizes': (1, 1), 'stage_widths': (4, 8),
+                'stem_width': 4, 'dtype': 'float32'}  # 6 BatchNorm layers, 8×8×1 digits
+
+
+def _files(workdir) -> dict:
+  """{relative path: sha256} of every file under `workdir`."""
+  digests = {}
+  for root, _, names in os.walk(workdir):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        digests[os.path.relpath(path, workdir)] = hashlib.sha256(f.read()).hexdigest()
+  return digests
+
+
+@pytest.fixture(scope='module')
+def trained_run(tmp_path_factory, data_dir):
+  """The work directory of a tiny ResNet run whose checkpoint of step 3, written by the run's
+  own Checkpointer, holds random parameters and the initial statistics (μ = 0, σ² = 1): drawn
+  in NumPy, as compiling the random initialisation and a train step would take most of this
+  test's time."""
+  workdir = str(tmp_path_factory.mktemp('resnet_run'))
+  run = loop.setup(_config(data_dir, _TINY_RESNET), workdir)
+  rng = np.random.default_rng(0)
+
+  def draw(path, leaf):
+    name = jax.tree_util.keystr(path[-1:], simple=True)
+    if name == 'kernel':
+      return rng.normal(size=leaf.shape).astype(leaf.dtype) / np.sqrt(np.prod(leaf.shape[:-1]))
+    return np.full(leaf.shape, name in ('scale', 'var'), leaf.dtype)
+
+  try:
+    state = jax.tree_util.tree_map_with_path(draw, run.parallel.abstract_state(run.init_fn, run.rng))
+    state = state.replace(step=np.int32(3))
+    run.checkpointer.save(3, state, {'iterator': run.train_iterator().get_state()}, force=True)
+  finally:
+    run.checkpointer.close()
+    run.lock.release()
+  return workdir
+
+
+def test_writes_before_and_after_and_leaves_the_run_as_it_was(trained_run, capsys):
+  before_files = _files(trained_run)
+  assert any(path.startswith('checkpoints' + os.sep) for path in before_files)
+  record = script.run(trained_run, examples=300, batch_size=64)
+
+  after_files = _files(trained_run)
+  assert set(after_files) == set(before_files) | {script.OUTPUT_FILE}
+  assert {p: after_files[p] for p in before_files} == before_files  # checkpoints byte-identical
+  with open(os.path.join(trained_run, script.OUTPUT_FILE), encoding='utf-8') as f:
+    written = json.load(f)
+  assert written == json.loads(json.dumps(record))
+  for when in ('before', 'after'):
+    assert set(written[when]) == {'accuracy', 'loss'}
+    assert all(math.isfinite(v) for v in written[when].values())
+  assert written['checkpoint_step'] == 3 and written['train_examples'] == 300
+  assert written['batch_norm_layers'] == 6 and written['passes'] <= 6 and written['converged']
+  # The initial statistics are far from the population ones.
+  assert written['after']['loss'] != written['before']['loss']
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith('before: accuracy=') and out[1].startswith('after: accuracy=')
+
+
+def _error(workdir, monkeypatch, **kwargs) -> str:
+  def unreachable(*args, **kwargs):
+    raise AssertionError('the checkpoint was read (and its digest compiled) before the error')
+  monkeypatch.setattr(checkpoint, 'restore_arrays', unreachable)
+  with pytest.raises(SystemExit) as info:
+    script.run(str(workdir), **kwargs)
+  message = info.value.code
+  assert isinstance(message, str), message  # sys.exit(str): status 1
+  assert message.startswith('error: ') and '\n' not in message and message.endswith('.'), message
+  return message
+
+
+def test_a_missing_work_directory_is_one_sentence(tmp_path, monkeypatch):
+  message = _error(tmp_path / 'nowhere', monkeypatch)
+  assert 'nowhere' in message and 'does not exist' in message
+
+
+def test_a_run_without_checkpoint_is_one_sentence(tmp_path, data_dir, monkeypatch):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  (workdir / 'config.json').write_text(_config(data_dir, _TINY_RESNET).to_json())
+  assert 'no checkpoint' in _error(workdir, monkeypatch)
+
+
+def test_a_model_without_batch_norm_is_one_sentence(tmp_path, data_dir, monkeypatch):
+  workdir = tmp_path / 'w'
+  (workdir / 'checkpoints' / '3').mkdir(parents=True)
+  mlp = {'name': 'mlp', 'features': (16, 10), 'dtype': 'float32'}
+  (workdir / 'config.json').write_text(_config(data_dir, mlp).to_json())
+  message = _error(workdir, monkeypatch)
+  assert "'mlp'" in message and 'no BatchNorm layer' in message
+
+
+def test_a_non_positive_option_is_one_sentence(trained_run, monkeypatch):
+  assert '--examples must be a positive integer, got 0.' in _error(trained_run, monkeypatch,
+                                                                    examples=0)
