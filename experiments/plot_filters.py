@@ -84,7 +84,7 @@ def plot(workdir: str, index: int, output: str) -> str:
   image = np.asarray(batch['input'][0], np.float32)
   filters = [kernel[:, :, 0, k] for k in range(kernel.shape[-1])]
   feature_maps = [maps[:, :, k] for k in range(maps.shape[-1])]
-  fig = plt.figure(figsize=(12, 4 + 1.5 * math.ceil(len(filters) / 8)))
+  fig = plt.figure(figsize=(12, 2 + 1.6 * math.ceil(len(filters) / 8)))
   spec = fig.add_gridspec(1, 3, width_ratios=[1, 2, 2])
   ax = fig.add_subplot(spec[0])
   ax.imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap='gray')
