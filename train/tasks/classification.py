@@ -74,7 +74,9 @@ class Classification(base.Task):
       out = self._augment(rngs['augment'], {
           'image': batch['input'], 'label': jax.nn.one_hot(batch['label'], self.meta['num_classes'])})
       batch = {**batch, 'input': out['image'], 'label': out['label']}
-    return {**batch, 'input': self.normalize(batch['input'])}
+    if self.input_mean:
+      batch = {**batch, 'input': self.normalize(batch['input'])}
+    return batch
 
   def normalize(self, inputs):
     """`(inputs − input_mean) / input_std` per channel (the last axis)."""
