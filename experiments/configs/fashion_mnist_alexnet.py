@@ -3,7 +3,7 @@ r"""AlexNet (Krizhevsky et al. 2012), scaled for 28×28 images, on Fashion-MNIST
 `models/vision/alexnet.py` describes the scaling (3×3/1 first convolution,
 'SAME' padding, one tower); here every width is also a quarter of that
 network's (`width_multiplier=0.25`: convolutions of 16, 48, 96, 64 and 64
-channels, dense layers of 256), so that an epoch takes about a minute on two
+channels, dense layers of 256), so that an epoch takes about two minutes on two
 CPU cores. Dropout 0.5 before the dense layers as in the paper; inputs
 normalised by the training set's mean and standard deviation; AdamW, learning
 rate 1e-3 with warm-up and cosine decay, batch 128, 3 epochs (the time this machine allowed).
