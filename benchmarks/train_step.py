@@ -1,13 +1,19 @@
 r"""Throughput of the train step (and of its input pipeline) for any experiment config.
 
   python benchmarks/train_step.py --config=experiments/configs/digits_mlp.py [--steps=200] \
-      [--dtypes=float32,bfloat16]
+      [--dtypes=float32,bfloat16] [--sweep=model.unroll:1,4,16]
 
 Prints steps/s and examples/s of the compiled train step in the config's
 parallel mode, the step's FLOPs from XLA's cost analysis, the achieved FLOP/s
 as a fraction of this machine's float32 matmul peak (measured by this script in
-the same run), and the input pipeline's examples/s. With several --dtypes the
-step is measured once per compute dtype, in the same run, and compared.
+the same run), and the input pipeline's examples/s (and tokens/s for token windows). With several
+--dtypes, or the values of one config field given by --sweep, the step is
+measured once per setting, in the same run, and compared.
+
+XLA's cost analysis counts the body of a loop once, not once per iteration;
+so for a model with an `unroll` option (a recurrent layer's scan over time)
+the FLOPs are those of the same step with the scan fully unrolled, which has
+no loop over time (only compiled, never run).
 """
 
 import os
@@ -30,6 +36,8 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config fil
 _STEPS = flags.DEFINE_integer('steps', 200, 'Timed train steps.')
 _PIPELINE_BATCHES = flags.DEFINE_integer('pipeline_batches', 200, 'Timed input batches.')
 _DTYPES = flags.DEFINE_list('dtypes', None, 'Compute dtypes to measure (default: the config\'s).')
+_SWEEP = flags.DEFINE_string('sweep', None, 'FIELD:V1,V2,... — measure the step once per value of '
+                             'the config field FIELD (e.g. model.unroll:1,4,16).')
 flags.mark_flags_as_required(['config'])
 
 
@@ -62,9 +70,9 @@ def measure_step(config, steps: int) -> dict:
 
     # FLOPs of one global step (the same computation in every mode).
     global_step = jax.jit(run.train_step_fn())
-    cost = global_step.lower(state, par.global_batch(host_batch)).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = float(cost.get('flops', float('nan')))
+    flops = step_flops(global_step, state, par.global_batch(host_batch))
+    if 'unroll' in config.model:
+      flops = unrolled_step_flops(config)
 
     train_step = par.compile_train_step(run.train_step_fn(), abstract)
     state = par.to_run_layout(state)
@@ -87,6 +95,61 @@ def measure_step(config, steps: int) -> dict:
           'mode': par.mode, 'devices': par.num_devices}
 
 
+def step_flops(step_fn, state, batch) -> float:
+  """FLOPs of one call of the jitted `step_fn` by XLA's cost analysis."""
+  cost = step_fn.lower(state, batch).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get('flops', float('nan')))
+
+
+def unrolled_step_flops(config) -> float:
+  """FLOPs of `config`'s train step with its scan over time fully unrolled."""
+  config = config.copy_and_resolve_references()
+  config.model.unroll = 10**6  # more than any length: lax.scan unrolls it all
+  with tempfile.TemporaryDirectory() as workdir:
+    run = loop.setup(config, workdir)
+    state = run.parallel.init_state(run.init_fn, run.rng)
+    batch = run.parallel.global_batch(next(run.train_iterator()))
+    flops = step_flops(jax.jit(run.train_step_fn()), state, batch)
+    run.lock.release()
+  return flops
+
+
+def _settings(config) -> list[tuple[str, str, object]]:
+  """(label, config field, value) of every measurement the flags ask for."""
+  if _SWEEP.value:
+    field, sep, values = _SWEEP.value.partition(':')
+    parent = config
+    *path, last = field.split('.')
+    try:
+      for key in path:
+        parent = parent[key]
+      current = parent[last]
+    except (KeyError, AttributeError):
+      raise app.UsageError(f'--sweep field {field!r} is not in the config.') from None
+    if not sep or not values:
+      raise app.UsageError(f'--sweep={_SWEEP.value!r} must read FIELD:V1,V2,...')
+    kind = type(current) if current is not None else str
+    try:
+      parsed = [kind(v) for v in values.split(',')]
+    except ValueError:
+      raise app.UsageError(f'--sweep values {values!r} are not all {kind.__name__}s, the type of '
+                           f'{field}.') from None
+    return [(f'{field}={v}', field, v) for v in parsed]
+  dtypes = _DTYPES.value or [config.model.get('dtype', 'float32')]
+  return [(dtype, 'model.dtype', dtype) for dtype in dtypes]
+
+
+def _set(config, field: str, value) -> None:
+  *path, last = field.split('.')
+  parent = config
+  for key in path:
+    parent = parent[key]
+  config.unlock()
+  parent[last] = value
+  config.lock()
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
@@ -94,18 +157,19 @@ def main(argv):
   peak, peak_n = matmul_peak_flops()
   batch_size = config.global_batch_size
   print(f'matmul peak (float32, {peak_n}x{peak_n}): {peak / 1e9:.2f} GFLOP/s')
+  window = config.data.get('window')
   results = {}
-  for dtype in _DTYPES.value or [config.model.get('dtype', 'float32')]:
-    config.unlock()
-    config.model.dtype = dtype
-    config.lock()
-    r = results[dtype] = measure_step(config, _STEPS.value)
+  for label, field, value in _settings(config):
+    _set(config, field, value)
+    r = results[label] = measure_step(config, _STEPS.value)
     achieved = r['flops'] / r['step_seconds']
-    print(f'config: {config.data.name} / {config.model.name} ({dtype}), mode={r["mode"]}, '
+    print(f'config: {config.data.name} / {config.model.name} ({label}), mode={r["mode"]}, '
           f'devices={r["devices"]}, global batch {batch_size}')
-    print(f'  train step: {1 / r["step_seconds"]:.1f} steps/s, '
-          f'{batch_size / r["step_seconds"]:.0f} examples/s')
-    print(f'  step FLOPs (XLA cost analysis): {r["flops"]:.4g}')
+    tokens = f', {batch_size * window / r["step_seconds"]:.0f} tokens/s' if window else ''
+    print(f'  train step: {1 / r["step_seconds"]:.2f} steps/s, '
+          f'{batch_size / r["step_seconds"]:.0f} examples/s{tokens}')
+    unrolled = ', scan unrolled' if 'unroll' in config.model else ''
+    print(f'  step FLOPs (XLA cost analysis{unrolled}): {r["flops"]:.4g}')
     print(f'  achieved: {achieved / 1e9:.3f} GFLOP/s = {achieved / peak:.2%} of the float32 '
           'matmul peak')
     print(f'  input pipeline: {batch_size / r["batch_seconds"]:.0f} examples/s '

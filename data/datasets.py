@@ -5,12 +5,19 @@ data source, so a split is a sequence: `len(source)`, and `source[i]` is a dict
 of feature values decoded by TFDS without TensorFlow (arrays as NumPy arrays,
 integer scalars such as 'label' as Python ints, text as UTF-8 bytes).
 
-Four data sets are prepared from this machine alone (see `data/builders/`):
+Six data sets are prepared from this machine alone (see `data/builders/`):
 
   mnist1d           train 4,000 / test 1,000   'x' float32 (40,), 'label' 10
   digits            train 1,437 / test 360     'image' uint8 (8, 8, 1), 'label' 10
   fashion_mnist     train 60,000 / test 10,000 'image' uint8 (28, 28, 1), 'label' 10
   tiny_shakespeare  train / validation / test, one example each, 'text'
+  dates             train 20,000 / validation 1,000 / test 2,000, generated:
+                    'source' uint8 (40,) a date in one of 18 formats, 'target'
+                    uint8 (10,) its ISO 8601 date, ASCII zero-padded;
+                    'source_length', 'target_length' int32
+  shakespeare_case  train 29,242 / validation 1,703 / test 1,834, pieces of lines
+                    of tiny_shakespeare: 'input' uint8 (64,) lower-cased,
+                    'tags' uint8 (64,) 1 where upper case, 'length' int32
 
 Any other name is looked up in the TFDS catalog and prepared by TFDS.
 
@@ -47,9 +54,11 @@ from collections.abc import Sequence
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.utils import tqdm_utils
 
+from data.builders import dates
 from data.builders import digits
 from data.builders import fashion_mnist
 from data.builders import mnist1d
+from data.builders import shakespeare_case
 from data.builders import sources
 from data.builders import tiny_shakespeare
 
@@ -60,6 +69,8 @@ LOCAL_BUILDERS = {
     'digits': digits.Digits,
     'fashion_mnist': fashion_mnist.FashionMnist,
     'tiny_shakespeare': tiny_shakespeare.TinyShakespeare,
+    'dates': dates.Dates,
+    'shakespeare_case': shakespeare_case.ShakespeareCase,
 }
 
 # Long enough for a TCP handshake across continents, short enough that an
@@ -79,8 +90,9 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
     split: a split name, or a TFDS split expression over them ('train[:10%]').
     data_dir: where prepared data sets are kept (default: $JAXLAB_DATA_DIR,
       else TFDS's default).
-    **options: for fashion_mnist and tiny_shakespeare, `source_dir`, the folder
-      of the raw files (else their environment variable, see the builders);
+    **options: for fashion_mnist, tiny_shakespeare and shakespeare_case,
+      `source_dir`, the folder of the raw files (else their environment
+      variable, see the builders);
       for catalog names, keyword arguments of the TFDS builder (config=, ...).
 
   Returns:

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from models.mlp import MLP
 from models.sequence.causal_conv import CausalConvLM
+from models.sequence import rnn_models
 from models.vision import resnet
 from models.vision.alexnet import AlexNet
 from models.vision.cnn1d import CNN1D
@@ -19,6 +20,9 @@ MODELS: dict[str, type[nn.Module]] = {
     'resnet18': resnet.ResNet18, 'resnet34': resnet.ResNet34, 'resnet50': resnet.ResNet50,
     'resnet20': resnet.ResNet20, 'resnet32': resnet.ResNet32, 'resnet44': resnet.ResNet44,
     'resnet56': resnet.ResNet56, 'resnet110': resnet.ResNet110,
+    'rnn_classifier': rnn_models.RNNClassifier, 'rnn_tagger': rnn_models.RNNTagger,
+    'rnn_lm': rnn_models.RNNLanguageModel, 'seq2seq': rnn_models.Seq2Seq,
+    'vector_to_sequence': rnn_models.VectorToSequence,
 }
 
 # Compute dtypes a config may name; parameters stay float32.

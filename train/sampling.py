@@ -81,7 +81,7 @@ def sample_token(key, logits_BxV, *, temperature=1.0, top_k=None, top_p=None):
 
 
 def generate(model, variables, prompt_BxP, key, *, num_new_tokens, temperature=1.0, top_k=None,
-             top_p=None, use_cache=False, return_logits=False):
+             top_p=None, use_cache=False, return_logits=False, inputs=()):
   """Extends each prompt by `num_new_tokens` sampled tokens: x_t ~ p(x_t | x_<t), t = P … P+N−1.
 
   Returns tokens_Bx(P+N) int32 (the prompt unchanged in front) and, with
@@ -96,6 +96,10 @@ def generate(model, variables, prompt_BxP, key, *, num_new_tokens, temperature=1
   Compiled once per (model, shapes, num_new_tokens, sampling args, use_cache); the model
   is a static argument and must be hashable (Flax modules with tuple attributes are).
   Collections other than 'cache' in `variables` (e.g. 'batch_stats') are read, not updated.
+
+  `inputs` are further arrays every model call receives after the tokens, e.g. the
+  source sentence and its lengths of an encoder–decoder (`model.apply(variables,
+  tokens, *inputs, ...)`); their leading axis is the batch.
   """
   check_options(temperature, top_k, top_p)
   if not isinstance(num_new_tokens, numbers.Integral) or num_new_tokens < 1:
@@ -110,14 +114,15 @@ def generate(model, variables, prompt_BxP, key, *, num_new_tokens, temperature=1
     raise ValueError(f'prompt must have shape [batch, length >= 1], got {prompt_BxP.shape}.')
   tokens_BxL, logits_BxNxV = _generate(
       model, variables, prompt_BxP.astype(jnp.int32), key, num_new_tokens=int(num_new_tokens),
-      sampling=(temperature, top_k, top_p), use_cache=use_cache, return_logits=return_logits)
+      sampling=(temperature, top_k, top_p), use_cache=use_cache, return_logits=return_logits,
+      inputs=tuple(jnp.asarray(x) for x in inputs))
   return (tokens_BxL, logits_BxNxV) if return_logits else tokens_BxL
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'num_new_tokens', 'sampling', 'use_cache',
                                              'return_logits'))
 def _generate(model, variables, prompt_BxP, key, *, num_new_tokens, sampling, use_cache,
-              return_logits):
+              return_logits, inputs):
   temperature, top_k, top_p = sampling
   batch_size, prompt_length = prompt_BxP.shape
   total_length = prompt_length + num_new_tokens
@@ -130,7 +135,7 @@ def _generate(model, variables, prompt_BxP, key, *, num_new_tokens, sampling, us
 
   if not use_cache:
     def step(tokens_BxL, t):  # t: position written at this step
-      logits_BxLxV = model.apply(variables, tokens_BxL, train=False)
+      logits_BxLxV = model.apply(variables, tokens_BxL, *inputs, train=False)
       logits_BxV = logits_BxLxV[:, t - 1].astype(jnp.float32)
       tokens_BxL = tokens_BxL.at[:, t].set(draw(t, logits_BxV))
       return tokens_BxL, logits_BxV if return_logits else None
@@ -139,11 +144,12 @@ def _generate(model, variables, prompt_BxP, key, *, num_new_tokens, sampling, us
                                             jnp.arange(prompt_length, total_length))
   else:
     # Only the cache's initial values are used; XLA drops the parameter initialisation.
-    cache = model.init(jax.random.PRNGKey(0), tokens_BxL, train=False, decode=True)['cache']
+    cache = model.init(jax.random.PRNGKey(0), tokens_BxL, *inputs, train=False,
+                       decode=True)['cache']
 
     def step(carry, t):  # t: position read at this step; it predicts t + 1
       cache, token_B = carry
-      logits_Bx1xV, mutated = model.apply({**variables, 'cache': cache}, token_B[:, None],
+      logits_Bx1xV, mutated = model.apply({**variables, 'cache': cache}, token_B[:, None], *inputs,
                                           train=False, decode=True, mutable=['cache'])
       logits_BxV = logits_Bx1xV[:, 0].astype(jnp.float32)
       # Inside the prompt the next token is forced; the draw is discarded.

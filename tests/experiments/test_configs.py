@@ -38,7 +38,8 @@ from train import loop
 CONFIG_DIR = os.path.join(REPO_ROOT, 'experiments', 'configs')
 NOT_EXPERIMENTS = ('__init__.py', 'default.py')
 # Folders of the repository's local copies, by data set name.
-SHARED_FOLDERS = {'fashion_mnist': 'fashion-mnist', 'tiny_shakespeare': 'tinyshakespeare'}
+SHARED_FOLDERS = {'fashion_mnist': 'fashion-mnist', 'tiny_shakespeare': 'tinyshakespeare',
+                  'shakespeare_case': 'tinyshakespeare'}
 # Records of each Fashion-MNIST IDX file copied for setup.
 FASHION_MNIST_RECORDS = 16
 _COMMAND = re.compile(r'python -m experiments\.main (?:[^\n]*\\\n)*[^\n]*')

@@ -9,10 +9,14 @@ from typing import Any, Mapping
 from train.tasks.base import BoundModel, HookContext, Metrics, Task, mean_over, ratio, stream_key
 from train.tasks.classification import Classification
 from train.tasks.lm import LanguageModel
+from train.tasks.seq2seq import Seq2Seq
+from train.tasks.tagging import Tagging
 
 TASKS: dict[str, type[Task]] = {
     'classification': Classification,
     'language_model': LanguageModel,
+    'seq2seq': Seq2Seq,
+    'tagging': Tagging,
 }
 
 

@@ -1,0 +1,99 @@
+r"""Where the train step's time goes: a jax.profiler trace, summarised by operation.
+
+  python benchmarks/profile_step.py --config=experiments/configs/fashion_mnist_resnet.py \
+      [--steps=10] [--top=15] [--trace_dir=DIR]
+
+Compiles the config's train step, warms it up, traces `--steps` steps with
+`jax.profiler` (kept in --trace_dir, viewable in Perfetto or TensorBoard) and
+prints the device operations that took the most time: the share of the traced
+op time of each op kind (the op name without its numeric suffix, e.g.
+`transpose_copy_fusion` for `transpose_copy_fusion.12`), its calls per step and
+milliseconds per step.
+"""
+
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+
+from train import loop
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
+_STEPS = flags.DEFINE_integer('steps', 10, 'Traced train steps.')
+_TOP = flags.DEFINE_integer('top', 15, 'Op kinds to print.')
+_TRACE_DIR = flags.DEFINE_string('trace_dir', None, 'Where to keep the trace (default: a '
+                                 'temporary folder, removed afterwards).')
+flags.mark_flags_as_required(['config'])
+
+# Trace events that are not device operations (Python, runtime bookkeeping).
+_SKIPPED = re.compile(r'^(\$|PjitFunction|ThunkExecutor|TfrtCpu|Execute|jit_|ProcessInputs|'
+                      r'XlaModule|Thunk|end_of_|ExecuteHelper|pjit|\[)')
+
+
+def op_kind(name: str) -> str:
+  """`transpose_copy_fusion.12` → `transpose_copy_fusion`."""
+  return re.sub(r'(\.\d+)+$', '', name)
+
+
+def summarise(trace_dir: str, steps: int) -> list[tuple[str, float, float, float]]:
+  """(op kind, share of op time, calls per step, ms per step) from the trace, largest first."""
+  files = glob.glob(os.path.join(trace_dir, '**', '*.trace.json.gz'), recursive=True)
+  if not files:
+    raise FileNotFoundError(f'No *.trace.json.gz under {trace_dir}; the profiler wrote nothing.')
+  with gzip.open(max(files, key=os.path.getmtime), 'rt') as f:
+    events = json.load(f)['traceEvents']
+  total_us, calls = collections.Counter(), collections.Counter()
+  for event in events:
+    if event.get('ph') != 'X' or _SKIPPED.match(event.get('name', '')):
+      continue
+    kind = op_kind(event['name'])
+    total_us[kind] += event.get('dur', 0)
+    calls[kind] += 1
+  all_us = sum(total_us.values()) or 1
+  return [(kind, us / all_us, calls[kind] / steps, us / 1e3 / steps)
+          for kind, us in total_us.most_common()]
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  config = _CONFIG.value
+  with tempfile.TemporaryDirectory() as workdir, tempfile.TemporaryDirectory() as tmp_trace:
+    trace_dir = _TRACE_DIR.value or tmp_trace
+    run = loop.setup(config, workdir)
+    par = run.parallel
+    state = par.to_run_layout(par.init_state(run.init_fn, run.rng))
+    train_step = par.compile_train_step(run.train_step_fn(), par.abstract_state(run.init_fn, run.rng))
+    batch = par.shard_batch(next(run.train_iterator()))
+    for _ in range(3):
+      state, metrics = train_step(state, batch)
+    jax.block_until_ready((state, metrics))
+    jax.profiler.start_trace(trace_dir)
+    for _ in range(_STEPS.value):
+      state, metrics = train_step(state, batch)
+    jax.block_until_ready((state, metrics))
+    jax.profiler.stop_trace()
+    run.lock.release()
+    rows = summarise(trace_dir, _STEPS.value)
+  print(f'config: {config.data.name} / {config.model.name} ({config.model.get("dtype")}), '
+        f'{_STEPS.value} traced steps')
+  print(f'{"op kind":<40} {"share":>7} {"calls/step":>11} {"ms/step":>9}')
+  for kind, share, per_step, ms in rows[:_TOP.value]:
+    print(f'{kind:<40} {share:>7.1%} {per_step:>11.1f} {ms:>9.2f}')
+  print(f'traced op time per step: {sum(r[3] for r in rows):.1f} ms')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,75 @@
+"""The attention figure: greedy decoding of a checkpointed seq2seq run, its weights and the PNG."""
+
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from experiments import plot_attention
+from experiments.configs import dates_seq2seq_attention
+from train import loop
+from train.tasks import seq2seq
+
+
+def _run(tmp_path_factory, data_dir, attention):
+  """A tiny dates run with a checkpoint of step 2 holding random parameters."""
+  config = dates_seq2seq_attention.get_config()
+  config.data.data_dir = data_dir
+  config.model.features, config.model.embed_dim, config.model.attention_features = 8, 4, 8
+  config.model.attention = attention
+  config.model.bidirectional_encoder = attention != 'dot'
+  config.global_batch_size, config.eval_batch_size = 4, 4
+  workdir = str(tmp_path_factory.mktemp(f'dates_{attention}'))
+  run = loop.setup(ml_collections.ConfigDict(config.to_dict()), workdir)
+  rng = np.random.default_rng(0)
+  try:
+    abstract = run.parallel.abstract_state(run.init_fn, run.rng)
+    state = jax.tree.map(lambda leaf: rng.normal(size=leaf.shape).astype(leaf.dtype), abstract)
+    state = state.replace(step=np.int32(2))
+    run.checkpointer.save(2, state, {'iterator': run.train_iterator().get_state()}, force=True)
+  finally:
+    run.checkpointer.close()
+    run.lock.release()
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def attention_run(tmp_path_factory, data_dir):
+  return _run(tmp_path_factory, data_dir, 'additive')
+
+
+def test_figure_shows_the_greedy_decoding_and_weights_over_the_valid_source(attention_run,
+                                                                            tmp_path):
+  from data import pipeline  # pylint: disable=g-import-not-at-top
+  from train import checkpoint
+  config = loop.read_config(attention_run)
+  _, eval_source, _, task, module = loop.build_parts(config, attention_run)
+  state = checkpoint.restore_arrays(attention_run)
+  variables = {'params': state['params']}
+  batch = task.preprocess(pipeline.read_batch(eval_source, np.array([0, 3])))
+  decoded, weights = plot_attention.decode_with_attention(task, module, variables, batch)
+  # The decoded tokens are the task's greedy decoding; each row of weights is a distribution
+  # over the source characters, none on the padding.
+  np.testing.assert_array_equal(decoded, task.greedy_decode(
+      module, variables, (batch['source'], batch['source_length'])))
+  np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+  for row, length in enumerate(batch['source_length']):
+    assert np.all(weights[row, :, length:] == 0)
+
+  output = str(tmp_path / 'attention.png')
+  lines = plot_attention.plot(attention_run, [0, 3], output)
+  assert os.path.getsize(output) > 1000
+  sources = [''.join(map(chr, batch['source'][k, :batch['source_length'][k]])) for k in range(2)]
+  assert lines == [f'{s} → {seq2seq.decode_text(d)}' for s, d in zip(sources, decoded)]
+
+
+def test_indices_outside_the_split_and_models_without_attention_are_one_sentence(
+    attention_run, tmp_path_factory, data_dir, tmp_path):
+  with pytest.raises(ValueError, match=r'^--indices \[2000\] are outside the eval split, which '
+                                       r'has 2000 examples\.$'):
+    plot_attention.plot(attention_run, [0, 2000], str(tmp_path / 'a.png'))
+  plain = _run(tmp_path_factory, data_dir, 'none')
+  with pytest.raises(ValueError, match='has no attention to plot'):
+    plot_attention.plot(plain, [0], str(tmp_path / 'b.png'))

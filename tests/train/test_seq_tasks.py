@@ -1,0 +1,134 @@
+"""The tagging and sequence-to-sequence tasks: targets, weights, F1 and exact match."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn import metrics as sk_metrics
+
+from models.sequence.rnn_models import BOS_ID, EOS_ID, PAD_ID
+from train import tasks
+from train.tasks import seq2seq as seq2seq_lib
+
+
+def _bound(module, variables):
+  return tasks.BoundModel(module, variables['params'], {}, {}, train=False, axis_name=None)
+
+
+def test_targets_are_shifted_by_one_with_bos_and_eos():
+  texts = np.zeros((2, 4), np.uint8)
+  texts[0, :3] = np.frombuffer(b'abc', np.uint8)
+  texts[1, :1] = np.frombuffer(b'z', np.uint8)
+  inputs, targets, weights = seq2seq_lib.encode_targets(texts, np.array([3, 1]), 4)
+  a, b, c, z = (ord(ch) for ch in 'abcz')
+  np.testing.assert_array_equal(inputs, [[BOS_ID, a, b, c, PAD_ID], [BOS_ID, z, 0, 0, 0]])
+  np.testing.assert_array_equal(targets, [[a, b, c, EOS_ID, PAD_ID], [z, EOS_ID, 0, 0, 0]])
+  np.testing.assert_array_equal(weights, [[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+  assert seq2seq_lib.decode_text(targets[0]) == 'abc'
+
+
+class _Oracle(nn.Module):
+  """Position t predicts table[:, t] (the table rides in as the 'source' input)."""
+
+  @nn.compact
+  def __call__(self, tokens_BxT, table_BxN, *, train=False):
+    del train
+    self.param('unused', nn.initializers.zeros, ())
+    table_BxN = table_BxN.astype(jnp.int32)
+    steps, width = tokens_BxT.shape[1], table_BxN.shape[1]
+    table_BxT = jnp.pad(table_BxN, ((0, 0), (0, max(0, steps - width))))[:, :steps]
+    return 10.0 * jax.nn.one_hot(table_BxT, 128)
+
+
+def test_exact_match_is_greedy_decoding_equal_up_to_eos():
+  task = tasks.build('seq2seq', {'features': ('source', 'target', 'target_length')},
+                     source_length_key='', max_target_length=4)
+  texts = [b'abc', b'abc', b'abc', b'ab']
+  target = np.zeros((4, 4), np.uint8)
+  for row, text in enumerate(texts):
+    target[row, :len(text)] = np.frombuffer(text, np.uint8)
+  a, b, c, d = (ord(ch) for ch in 'abcd')
+  decoded = np.array([[a, b, c, EOS_ID, d],       # right, garbage after EOS: a match
+                      [a, b, d, EOS_ID, 0],       # one wrong character
+                      [a, b, c, d, EOS_ID],       # no EOS where it should be
+                      [a, b, EOS_ID, EOS_ID, 0]],  # right
+                     np.float32)
+  batch = task.preprocess({'source': decoded, 'target': target,
+                           'target_length': np.array([len(t) for t in texts])})
+  module = _Oracle()
+  variables = module.init(jax.random.PRNGKey(0), jnp.ones((4, 5), jnp.int32),
+                          jnp.asarray(batch['source']))
+  totals = task.eval_metrics(_bound(module, variables), jax.tree.map(jnp.asarray, batch))
+  total, weight = (float(np.sum(x)) for x in totals['exact_match'])
+  assert (total, weight) == (2.0, 4.0)
+  # The teacher-forced accuracy counts the characters and EOS the oracle gets right.
+  correct, positions = (float(np.sum(x)) for x in totals['accuracy'])
+  assert (correct, positions) == (4 + 3 + 3 + 3, 4 + 4 + 4 + 3)
+
+
+def test_target_names_spell_the_label():
+  task = tasks.build('seq2seq', {'features': ('image', 'label')}, source_key='image',
+                     source_length_key='', source_scale=0.5, target_key='label',
+                     target_length_key='', target_names=('zero', 'one'), max_target_length=4)
+  batch = task.preprocess({'image': np.full((2, 2, 2), 4, np.uint8), 'label': np.array([1, 0])})
+  np.testing.assert_array_equal(batch['source'], np.full((2, 2, 2), 2.0))
+  assert seq2seq_lib.decode_text(batch['target'][0]) == 'one'
+  assert seq2seq_lib.decode_text(batch['target'][1]) == 'zero'
+  np.testing.assert_array_equal(batch['weights'].sum(1), [4, 5])
+  with pytest.raises(ValueError, match='label 2'):
+    task.preprocess({'image': np.zeros((1, 2, 2)), 'label': np.array([2])})
+
+
+@pytest.mark.parametrize('options, message', [
+    (dict(source_key='src'), "source_key='src'"),
+    (dict(max_target_length=0), 'max_target_length'),
+    (dict(target_key='label', target_length_key='', target_names=('toolongname',),
+          max_target_length=4), 'toolongname'),
+])
+def test_seq2seq_option_errors(options, message):
+  meta = {'features': ('source', 'source_length', 'target', 'target_length', 'label')}
+  with pytest.raises(ValueError, match=message):
+    tasks.build('seq2seq', meta, **options)
+
+
+class _FixedLogits(nn.Module):
+  """Returns the logits it is given as input (so a test chooses the predictions)."""
+
+  @nn.compact
+  def __call__(self, logits_BxTxK, lengths_B, *, train=False):
+    del lengths_B, train
+    self.param('unused', nn.initializers.zeros, ())
+    return logits_BxTxK
+
+
+def test_tagging_f1_over_batches_equals_sklearn_over_the_valid_steps():
+  rng = np.random.default_rng(0)
+  task = tasks.build('tagging', {'features': ('input', 'tags', 'length')})
+  module = _FixedLogits()
+  sums = {}
+  all_true, all_pred = [], []
+  for _ in range(3):  # three batches, summed like an evaluation over a split
+    logits = rng.normal(size=(4, 6, 2)).astype(np.float32)
+    tags = rng.integers(0, 2, size=(4, 6))
+    lengths = rng.integers(1, 7, size=4)
+    batch = task.preprocess({'input': logits, 'tags': tags, 'length': lengths})
+    variables = module.init(jax.random.PRNGKey(0), batch['input'], batch['length'])
+    metrics = task.eval_metrics(_bound(module, variables), jax.tree.map(jnp.asarray, batch))
+    for name, (total, weight) in metrics.items():
+      old = sums.get(name, (0.0, 0.0))
+      sums[name] = (old[0] + float(np.sum(total)), old[1] + float(np.sum(weight)))
+    for row, length in enumerate(lengths):
+      all_true.extend(tags[row, :length])
+      all_pred.extend(np.argmax(logits[row, :length], -1))
+  values = task.finalize(sums)
+  assert values['f1'] == pytest.approx(sk_metrics.f1_score(all_true, all_pred), abs=1e-6)
+  assert values['accuracy'] == pytest.approx(sk_metrics.accuracy_score(all_true, all_pred),
+                                             abs=1e-6)
+
+
+def test_tagging_rejects_tags_that_do_not_align_with_the_inputs():
+  task = tasks.build('tagging')
+  with pytest.raises(ValueError, match='one tag per input step'):
+    task.preprocess({'input': np.zeros((2, 5), np.int32), 'tags': np.zeros((2, 4)),
+                     'length': np.array([5, 5])})
