@@ -5,12 +5,15 @@ data source, so a split is a sequence: `len(source)`, and `source[i]` is a dict
 of feature values decoded by TFDS without TensorFlow (arrays as NumPy arrays,
 integer scalars such as 'label' as Python ints, text as UTF-8 bytes).
 
-Six data sets are prepared from this machine alone (see `data/builders/`):
+Seven data sets are prepared from this machine alone (see `data/builders/`):
 
   mnist1d           train 4,000 / test 1,000   'x' float32 (40,), 'label' 10
   digits            train 1,437 / test 360     'image' uint8 (8, 8, 1), 'label' 10
   fashion_mnist     train 60,000 / test 10,000 'image' uint8 (28, 28, 1), 'label' 10
   tiny_shakespeare  train / validation / test, one example each, 'text'
+  co2               train 422 / validation 52 / test 52, one month each, in time
+                    order: 'co2' float32 (ppm), 'year', 'month', 'interpolated'
+                    (Mauna Loa, 1958-03 to 2001-12, from statsmodels)
   dates             train 20,000 / validation 1,000 / test 2,000, generated:
                     'source' uint8 (40,) a date in one of 18 formats, 'target'
                     uint8 (10,) its ISO 8601 date, ASCII zero-padded;
@@ -54,6 +57,7 @@ from collections.abc import Sequence
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.utils import tqdm_utils
 
+from data.builders import co2
 from data.builders import dates
 from data.builders import digits
 from data.builders import fashion_mnist
@@ -69,6 +73,7 @@ LOCAL_BUILDERS = {
     'digits': digits.Digits,
     'fashion_mnist': fashion_mnist.FashionMnist,
     'tiny_shakespeare': tiny_shakespeare.TinyShakespeare,
+    'co2': co2.Co2,
     'dates': dates.Dates,
     'shakespeare_case': shakespeare_case.ShakespeareCase,
 }

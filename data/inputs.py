@@ -3,10 +3,12 @@
 `make_sources(data_config, workdir) -> (train_source, eval_source, meta)`:
 record data sets (images, vectors) come back as random-access splits, held in
 memory as stacked arrays when `in_memory`; text data sets named with a
-`tokenizer` come back as token windows (`data.text`). `meta` describes the data
-for the task and the model: its `features`, `num_classes` when the label has
-them, or the tokenizer, vocabulary and text unit; `meta['model_defaults']`
-holds model options the data determines (`vocab_size`, `num_classes`).
+`tokenizer` come back as token windows (`data.text`); series data sets named
+with a `series_window` come back as forecasting windows (`data.series`). `meta`
+describes the data for the task and the model: its `features`, `num_classes`
+when the label has them, or the tokenizer, vocabulary and text unit, or the
+series' scaler and unit; `meta['model_defaults']` holds model options the data
+determines (`vocab_size`, `num_classes`, `horizon`).
 """
 
 import numpy as np
@@ -21,6 +23,9 @@ def make_sources(data_config, workdir: str):
     from data import text  # pylint: disable=g-import-not-at-top
     train_source, eval_source, meta = text.make_sources(data_config, workdir)
     meta = {**meta, 'model_defaults': {'vocab_size': meta['vocab_size']}}
+  elif data_config.get('series_window') is not None:
+    from data import series  # pylint: disable=g-import-not-at-top
+    train_source, eval_source, meta = series.make_sources(data_config, workdir)
   else:
     options = dict(data_config.get('options', {}))
     def load(split):

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from models.mlp import MLP
 from models.sequence.causal_conv import CausalConvLM
 from models.sequence import rnn_models
+from models.sequence import forecasting
 from models.vision import resnet
 from models.vision.alexnet import AlexNet
 from models.vision.cnn1d import CNN1D
@@ -23,6 +24,8 @@ MODELS: dict[str, type[nn.Module]] = {
     'rnn_classifier': rnn_models.RNNClassifier, 'rnn_tagger': rnn_models.RNNTagger,
     'rnn_lm': rnn_models.RNNLanguageModel, 'seq2seq': rnn_models.Seq2Seq,
     'vector_to_sequence': rnn_models.VectorToSequence,
+    'causal_conv_pooled': forecasting.PooledConvForecaster,
+    'causal_conv_shifted': forecasting.ShiftedConvForecaster,
 }
 
 # Compute dtypes a config may name; parameters stay float32.

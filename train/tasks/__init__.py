@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 from train.tasks.base import BoundModel, HookContext, Metrics, Task, mean_over, ratio, stream_key
 from train.tasks.classification import Classification
+from train.tasks.forecasting import Forecasting
 from train.tasks.lm import LanguageModel
 from train.tasks.seq2seq import Seq2Seq
 from train.tasks.tagging import Tagging
@@ -17,6 +18,7 @@ TASKS: dict[str, type[Task]] = {
     'language_model': LanguageModel,
     'seq2seq': Seq2Seq,
     'tagging': Tagging,
+    'forecasting': Forecasting,
 }
 
 

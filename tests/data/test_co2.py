@@ -1,0 +1,168 @@
+"""The CO2 builder and the series windows against independent references.
+
+References: the weekly statsmodels data averaged per calendar month by a plain
+NumPy loop (not pandas' resample) with its gaps interpolated by hand, the split
+rule worked out by hand (526 months: 422 / 52 / 52), and brute-force slicing of
+the series for every window.
+"""
+
+import ml_collections
+import numpy as np
+import pytest
+
+from data import datasets
+from data import series
+from data.builders import co2
+
+SPLITS = ('train', 'validation', 'test')
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  # One folder per session (tests/experiments/test_forecast.py uses it too), prepared once.
+  path = str(tmp_path_factory.getbasetemp() / 'co2_data')
+  for split in SPLITS:
+    datasets.load('co2', split, data_dir=path)
+  return path
+
+
+def _records(data_dir, split):
+  source = datasets.load('co2', split, data_dir=data_dir)
+  return [source[i] for i in range(len(source))]
+
+
+def _monthly_by_hand():
+  """(year, month, value, was_gap) per month from the weekly data, by a NumPy loop."""
+  from statsmodels.datasets import co2 as statsmodels_co2  # pylint: disable=g-import-not-at-top
+  weekly = statsmodels_co2.load_pandas().data['co2']
+  keys = np.array([d.year * 12 + d.month - 1 for d in weekly.index])
+  values = weekly.to_numpy(np.float64)
+  first, last = keys.min(), keys.max()
+  months = np.arange(first, last + 1)
+  means = np.full(len(months), np.nan)
+  for i, key in enumerate(months):
+    measured = values[(keys == key) & ~np.isnan(values)]
+    if len(measured):
+      means[i] = measured.sum() / len(measured)
+  gaps = np.isnan(means)
+  known = np.flatnonzero(~gaps)
+  for i in np.flatnonzero(gaps):
+    a, b = known[known < i].max(), known[known > i].min()
+    means[i] = means[a] + (means[b] - means[a]) * (i - a) / (b - a)
+  return months // 12, months % 12 + 1, means, gaps
+
+
+def test_split_sizes_follow_the_rule_worked_out_by_hand(data_dir):
+  sizes = {split: len(datasets.load('co2', split, data_dir=data_dir)) for split in SPLITS}
+  # 526 months; n // 10 = 52 for test, 52 for validation, 526 − 104 = 422 for train.
+  assert sizes == {'train': 422, 'validation': 52, 'test': 52}
+  assert co2.split_bounds(526) == {'train': (0, 422), 'validation': (422, 474), 'test': (474, 526)}
+
+
+def test_splits_are_consecutive_months_in_time_order_without_overlap(data_dir):
+  months = [(r['year'], r['month']) for split in SPLITS for r in _records(data_dir, split)]
+  index = [12 * year + month - 1 for year, month in months]
+  # Every month follows the one before: ordered, no month twice, none missing, and the
+  # last month of each split is followed by the first of the next.
+  assert np.all(np.diff(index) == 1)
+  assert months[0] == (1958, 3) and months[-1] == (2001, 12)
+  firsts = {split: (_records(data_dir, split)[0]['year'], _records(data_dir, split)[0]['month'])
+            for split in SPLITS}
+  assert firsts == {'train': (1958, 3), 'validation': (1993, 5), 'test': (1997, 9)}
+
+
+def test_values_are_monthly_means_with_gaps_interpolated(data_dir):
+  years, months, means, gaps = _monthly_by_hand()
+  got = [r for split in SPLITS for r in _records(data_dir, split)]
+  assert len(got) == len(means) == 526
+  assert [r['year'] for r in got] == years.tolist()
+  assert [r['month'] for r in got] == months.tolist()
+  np.testing.assert_allclose([r['co2'] for r in got], means, rtol=1e-6)
+  assert [r['interpolated'] for r in got] == gaps.tolist()
+  filled = [(r['year'], r['month']) for r in got if r['interpolated']]
+  assert filled == [(1958, 6), (1958, 10), (1964, 2), (1964, 3), (1964, 4)]
+
+
+def _config(data_dir, window=24, horizon=6, eval_split='test'):
+  return ml_collections.ConfigDict({
+      'name': 'co2', 'train_split': 'train', 'eval_split': eval_split, 'data_dir': data_dir,
+      'options': {}, 'series_key': 'co2', 'series_window': window, 'series_horizon': horizon})
+
+
+def test_scaler_is_fitted_on_the_train_split_only(data_dir):
+  train, _, meta = series.make_sources(_config(data_dir), '')
+  raw = np.array([r['co2'] for split in SPLITS for r in _records(data_dir, split)], np.float64)
+  mu, sigma = raw[:422].mean(), raw[:422].std()
+  # Fitted on all 526 months the mean would be 339.6 ppm, not the train split's 333.8.
+  assert abs(raw.mean() - mu) > 5
+  np.testing.assert_allclose(np.asarray(meta['scaler'].mean), [mu], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(meta['scaler'].scale), [sigma], rtol=1e-5)
+  window = train[0]['values']
+  np.testing.assert_allclose(window, (raw[:30] - mu) / sigma, rtol=1e-5, atol=1e-5)
+  assert meta['unit'] == 'ppm' and meta['model_defaults'] == {'horizon': 6}
+
+
+def test_training_windows_lie_inside_the_train_split(data_dir):
+  train, _, meta = series.make_sources(_config(data_dir), '')
+  raw = np.array([r['co2'] for r in _records(data_dir, 'train')], np.float32)
+  scaled = series.scale(meta['scaler'], raw)
+  # Every offset w = 0 … 422 − 30: no value of validation or test is an input or a target.
+  assert len(train) == 422 - 30 + 1 and len(train.values) == 422
+  batch = train.gather(np.arange(len(train)))
+  expected = np.stack([scaled[w:w + 30] for w in range(len(train))])
+  np.testing.assert_array_equal(batch['values'], expected)
+  assert np.all(batch['weights'] == 1)
+
+
+@pytest.mark.parametrize('context, horizon, start', [(4, 3, 10), (4, 1, 10), (6, 2, 3), (1, 2, 0)])
+def test_evaluation_windows_equal_brute_force_slices(context, horizon, start):
+  x = np.arange(100, 118, dtype=np.float32)  # the series up to the split's end
+  windows = series.SeriesWindows(x, start, context=context, horizon=horizon, training=False)
+  stop = len(x)
+  origins = [o for o in range(start - 1, stop - 1) if o >= context - 1]
+  assert len(windows) == len(origins)
+  batch = windows.gather(np.arange(len(windows)))
+  for i, o in enumerate(origins):
+    values = [x[t] if t < stop else 0 for t in range(o - context + 1, o + horizon + 1)]
+    # Target j is x[o − T + 2 + j]; weighted iff after the origin and inside the split.
+    weights = [float(o < t < stop) for t in range(o - context + 2, o + horizon + 1)]
+    np.testing.assert_array_equal(batch['values'][i], values)
+    np.testing.assert_array_equal(batch['weights'][i], weights)
+  assert windows.origins(np.arange(len(windows))).tolist() == origins
+  # At every horizon h each value of the split after the first origin's is scored once.
+  scored = batch['weights'][:, context - 1:].sum(axis=0)
+  first = max(start, context)
+  assert scored.tolist() == [stop - first - h + 1 for h in range(1, horizon + 1)]
+
+
+def test_evaluation_context_reaches_back_but_targets_stay_in_the_split(data_dir):
+  _, evaluation, meta = series.make_sources(_config(data_dir, window=24, horizon=6), '')
+  raw = np.array([r['co2'] for split in SPLITS for r in _records(data_dir, split)], np.float32)
+  scaled = series.scale(meta['scaler'], raw)
+  assert len(evaluation) == 52  # one origin per test month: 473 … 524
+  first = evaluation[0]
+  np.testing.assert_array_equal(first['values'], scaled[473 - 23:473 + 7])
+  assert first['weights'][:23].sum() == 0 and first['weights'][23:].tolist() == [1] * 6
+  last = evaluation[51]  # origin 524: only its horizon-1 target, month 525, is in the split
+  assert last['weights'][23:].tolist() == [1, 0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize('key, value, words', [
+    ('series_window', 0, 'data.series_window must be a positive integer, not 0'),
+    ('series_horizon', -1, 'data.series_horizon must be a positive integer, not -1'),
+    ('eval_split', 'valid', "data.eval_split='valid' is not a split of the series 'co2'"),
+    ('series_key', 'ppm', "Data set 'co2' has no feature 'ppm'"),
+])
+def test_bad_options_fail_in_one_sentence(data_dir, key, value, words):
+  config = _config(data_dir)
+  config[key] = value
+  with pytest.raises(ValueError) as info:
+    series.make_sources(config, '')
+  message = str(info.value)
+  assert words in message and '\n' not in message and message.endswith('.')
+
+
+def test_a_window_longer_than_the_train_split_is_refused(data_dir):
+  with pytest.raises(ValueError, match='too short for one training window of context 420 and '
+                                       'horizon 6'):
+    series.make_sources(_config(data_dir, window=420), '')
