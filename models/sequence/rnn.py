@@ -62,9 +62,9 @@ class GRUCell(nn.RNNCellBase):
     features = self.features
     wx_Bx3H = dense(3 * features, 'input', True, self.kernel_init)(x_BxC)
     uh_Bx2H = dense(2 * features, 'gates', False, self.recurrent_kernel_init)(h_BxH)
-    r_BxH = nn.sigmoid(wx_Bx3H[:, :features] + uh_Bx2H[:, :features])
-    z_BxH = nn.sigmoid(wx_Bx3H[:, features:2 * features] + uh_Bx2H[:, features:])
-    candidate_BxH = jnp.tanh(wx_Bx3H[:, 2 * features:] + dense(
+    r_BxH = nn.sigmoid(wx_Bx3H[..., :features] + uh_Bx2H[..., :features])
+    z_BxH = nn.sigmoid(wx_Bx3H[..., features:2 * features] + uh_Bx2H[..., features:])
+    candidate_BxH = jnp.tanh(wx_Bx3H[..., 2 * features:] + dense(
         features, 'candidate', False, self.recurrent_kernel_init)(r_BxH * h_BxH))
     new_h_BxH = z_BxH * h_BxH + (1 - z_BxH) * candidate_BxH
     return new_h_BxH, new_h_BxH

@@ -1,0 +1,114 @@
+"""The Jacobian norms of the vanishing-gradients figure against an explicit product of the
+Elman step Jacobians diag(1 − h_k²) W_hh, against `jax.jacrev` of the whole unrolled map from
+s_t to s_T (LSTM and GRU), and against scale^d for the linear RNN; the script writes its PNG."""
+
+import os
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from experiments import vanishing_gradients as vg
+
+H, C, T = 6, 3, 12
+
+
+def _model(kind, scale=None, seed=0):
+  cell, variables = vg.make_cell(kind, H, C, jax.random.key(seed), scale)
+  x_TxC = jax.random.normal(jax.random.key(seed + 1), (T, C))
+  # A non-zero start, so the first step's Jacobian is not a special case.
+  s0 = 0.3 * jax.random.normal(jax.random.key(seed + 2), vg.initial_state(cell, C).shape)
+  return variables, vg.flat_step(cell, C), s0, x_TxC
+
+
+def test_elman_norms_equal_the_explicit_product_of_step_jacobians():
+  variables, step, s0, x_TxC = _model('elman', scale=1.3)
+  states, jacobians = jax.jit(vg.step_jacobians, static_argnums=0)(step, variables, s0, x_TxC)
+  log10_norms = np.asarray(jax.jit(vg.log10_jacobian_norms)(jacobians))
+  # h_k = tanh(x_k W_i + h_{k−1} K_h + b) with Flax's kernels K = Wᵀ, so
+  # ∂h_k/∂h_{k−1} = diag(1 − h_k²) K_hᵀ = diag(1 − h_k²) W_hh, in float64.
+  kernel_h = np.asarray(variables['params']['h']['kernel'], np.float64)
+  kernel_i = np.asarray(variables['params']['i']['kernel'], np.float64)
+  bias = np.asarray(variables['params']['i']['bias'], np.float64)
+  h, hs = np.asarray(s0, np.float64), []
+  for x in np.asarray(x_TxC, np.float64):
+    h = np.tanh(x @ kernel_i + h @ kernel_h + bias)
+    hs.append(h)
+  np.testing.assert_allclose(states, hs, rtol=1e-5, atol=1e-6)
+  explicit = [np.diag(1 - h_k ** 2) @ kernel_h.T for h_k in hs]
+  np.testing.assert_allclose(jacobians, explicit, rtol=1e-5, atol=1e-6)
+  product, expected = np.eye(H), []
+  for d in range(1, T + 1):
+    product = product @ explicit[T - d]  # J_T J_{T−1} ⋯ J_{T−d+1}
+    expected.append(np.log10(np.linalg.norm(product, ord=2)))
+  np.testing.assert_allclose(log10_norms, expected, rtol=0, atol=1e-5)
+  assert expected[-1] < expected[0] - 0.5  # it does change with the distance
+
+
+@pytest.mark.parametrize('kind', ['lstm', 'gru'])
+def test_gated_cell_norms_equal_jacobians_of_the_unrolled_map(kind):
+  """Brute force: ∂s_T/∂s_t for every t at once, as ∂s_T/∂e_t of the unrolled forward pass
+  with a perturbation e_t added to each state s_t (at e = 0)."""
+  variables, step, s0, x_TxC = _model(kind, seed=3)
+
+  def final_state(e_TxS):
+    step_perturbed = lambda s, inputs: (step(variables, s + inputs[0], inputs[1]), None)
+    return jax.lax.scan(step_perturbed, s0, (e_TxS, x_TxC))[0]
+
+  size = s0.shape[0]
+  brute_SxTxS = np.asarray(jax.jit(jax.jacrev(final_state))(jnp.zeros((T, size))), np.float64)
+  expected = [np.log10(np.linalg.norm(brute_SxTxS[:, T - d], ord=2)) for d in range(1, T + 1)]
+
+  def norms(variables, x_TxC):
+    return vg.log10_jacobian_norms(vg.step_jacobians(step, variables, s0, x_TxC)[1])
+
+  np.testing.assert_allclose(jax.jit(norms)(variables, x_TxC), expected, rtol=0, atol=1e-5)
+  assert size == (2 * H if kind == 'lstm' else H)  # the LSTM's state is (c, h)
+
+
+def test_linear_rnn_norms_are_the_scale_to_the_distance():
+  # W_hh = s·Q with Q orthogonal, so ∂h_T/∂h_t = (s Q)^(T−t) has spectral norm s^(T−t).
+  for scale in (0.5, 1.7):
+    log10_norms = vg.mean_log10_norms('linear', H, C, T, 2, jax.random.key(4), scale)
+    np.testing.assert_allclose(log10_norms, np.arange(1, T + 1) * np.log10(scale), atol=1e-4)
+
+
+def test_clipping_bounds_the_update():
+  """One SGD step (lr 1) on the same batch without clipping (0 = off) and clipped at 0.5:
+  the update is −g, then 0.5 · (−g / ‖g‖), and the reported norm is ‖g‖ before clipping."""
+  params = vg.bptt.init_params(jax.random.key(5), 1, H, 1, recurrent_scale=3.0)
+  kwargs = dict(steps=1, batch=4, length=20, delay=2, learning_rate=1.0, key=jax.random.key(6))
+  _, norms, finite, unclipped = vg.train(params, clip_norm=0.0, **kwargs)
+  _, clipped_norms, _, clipped = vg.train(params, clip_norm=0.5, **kwargs)
+  assert norms[0] > 1 and finite.all()
+  np.testing.assert_allclose(clipped_norms, norms, rtol=1e-6)
+  minus_g = jax.tree.map(jnp.subtract, unclipped, params)
+  np.testing.assert_allclose(optax.tree.norm(minus_g), norms[0], rtol=1e-5)
+  change = jax.tree.map(jnp.subtract, clipped, params)
+  np.testing.assert_allclose(optax.tree.norm(change), 0.5, rtol=1e-5)
+  jax.tree.map(lambda c, g: np.testing.assert_allclose(c, 0.5 * g / norms[0], rtol=1e-4, atol=1e-7),
+               change, minus_g)
+
+
+def test_the_script_writes_its_figure(tmp_path, monkeypatch, capsys):
+  """`main` with its own flags (parsed into a fresh FlagValues, not the process-wide one)."""
+  flag_values = flags.FlagValues()
+  vg.define_flags(flag_values)
+  output = tmp_path / 'figures' / 'vanishing.png'
+  flag_values(['vanishing_gradients', f'--output={output}', '--features=4', '--length=12',
+               '--samples=1', '--scales=2', '--steps=2', '--batch=2', '--train_length=12'])
+  monkeypatch.setattr(vg, 'FLAGS', flag_values)
+  vg.main(['vanishing_gradients'])
+  assert os.path.getsize(output) > 10_000
+  lines = capsys.readouterr().out.splitlines()
+  # 1 Elman scale, 2 linear, 3 LSTM and 2 GRU curves; distance 50 is beyond --length=12.
+  norms = [line for line in lines if '‖∂s_T/∂s_(T−d)‖₂  d=1: ' in line]
+  assert len(norms) == 8 and all('d=10: ' in line and 'd=50' not in line for line in norms)
+  assert norms[0].startswith('Elman (tanh), W_hh = 2·Q ')
+  for scale in ('1.5', '3'):
+    assert any(line.startswith(f'SGD W_hh = {scale}·Q, no clipping ') for line in lines)
+    assert any(line.startswith(f'SGD W_hh = {scale}·Q, clipped at 1 ') for line in lines)
+  assert lines[-1].startswith(f'written to {output}')
