@@ -70,9 +70,10 @@ def measure_step(config, steps: int) -> dict:
 
     # FLOPs of one global step (the same computation in every mode).
     global_step = jax.jit(run.train_step_fn())
-    flops = step_flops(global_step, state, par.global_batch(host_batch))
     if 'unroll' in config.model:
       flops = unrolled_step_flops(config)
+    else:
+      flops = step_flops(global_step, state, par.global_batch(host_batch))
 
     train_step = par.compile_train_step(run.train_step_fn(), abstract)
     state = par.to_run_layout(state)
@@ -102,10 +103,21 @@ def step_flops(step_fn, state, batch) -> float:
   return float(cost.get('flops', float('nan')))
 
 
+_UNROLLED_FLOPS = {}
+
+
 def unrolled_step_flops(config) -> float:
-  """FLOPs of `config`'s train step with its scan over time fully unrolled."""
+  """FLOPs of `config`'s train step with its scan over time fully unrolled (once per config
+  up to its `unroll`, which changes the loop, not the arithmetic)."""
   config = config.copy_and_resolve_references()
   config.model.unroll = 10**6  # more than any length: lax.scan unrolls it all
+  key = config.to_json()
+  if key not in _UNROLLED_FLOPS:
+    _UNROLLED_FLOPS[key] = _compiled_flops(config)
+  return _UNROLLED_FLOPS[key]
+
+
+def _compiled_flops(config) -> float:
   with tempfile.TemporaryDirectory() as workdir:
     run = loop.setup(config, workdir)
     state = run.parallel.init_state(run.init_fn, run.rng)
