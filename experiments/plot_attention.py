@@ -25,11 +25,15 @@ import numpy as np
 matplotlib.use('Agg')  # Files only; no display is needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory of a trained seq2seq run with '
-                               'attention.')
-_INDICES = flags.DEFINE_list('indices', ['0', '1', '2', '3'], 'Examples of the eval split.')
-_OUTPUT = flags.DEFINE_string('output', None, 'PNG to write (default: in the work directory).')
-flags.mark_flags_as_required(['workdir'])
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  # Called only when run as a script, so that importing the module defines no flags.
+  flags.DEFINE_string('workdir', None, 'Work directory of a trained seq2seq run with attention.',
+                      required=True)
+  flags.DEFINE_list('indices', ['0', '1', '2', '3'], 'Examples of the eval split.')
+  flags.DEFINE_string('output', None, 'PNG to write (default: in the work directory).')
 
 
 def decode_with_attention(task, module, variables, batch):
@@ -98,13 +102,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
   logging.set_verbosity(logging.WARNING)
-  output = _OUTPUT.value or os.path.join(_WORKDIR.value, 'attention.png')
+  output = FLAGS.output or os.path.join(FLAGS.workdir, 'attention.png')
   try:
-    indices = [int(i) for i in _INDICES.value]
+    indices = [int(i) for i in FLAGS.indices]
   except ValueError:
-    sys.exit(f'error: --indices={",".join(_INDICES.value)} must be integers.')
+    sys.exit(f'error: --indices={",".join(FLAGS.indices)} must be integers.')
   try:
-    lines = plot(_WORKDIR.value, indices, output)
+    lines = plot(FLAGS.workdir, indices, output)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')
   print('\n'.join(lines))
@@ -112,4 +116,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)
