@@ -21,33 +21,15 @@ against the last-value and seasonal naive baselines, and the figure:
       --workdir=workdirs/co2_forecast_shifted
 """
 
-import ml_collections
-
-from experiments.configs import default
+from experiments.configs import co2_forecast_pooled
 
 
 def get_config():
-  config = default.get_config()
-  config.data.name = 'co2'
-  config.data.train_split = 'train'
-  config.data.eval_split = 'validation'
+  """The pooled config's data, optimiser and schedule; one target per position instead."""
+  config = co2_forecast_pooled.get_config()
   # data/series.py: windows of series_window context values and the next value.
-  config.data.series_key = 'co2'
-  config.data.series_window = 48
   config.data.series_horizon = 1
-  config.task = ml_collections.ConfigDict({'name': 'forecasting', 'kind': 'shifted'})
-  config.model = ml_collections.ConfigDict({
-      'name': 'causal_conv_shifted', 'channels': 32, 'kernel_size': 2,
-      'dilations': (1, 2, 4, 8, 16), 'num_stacks': 1, 'predict_change': True,
-      'dropout_rate': 0.0, 'dtype': 'float32'})
-  config.optimizer.learning_rate = 3e-3
-  config.optimizer.warmup_steps = 100
-  config.optimizer.weight_decay = 1e-4
-  config.optimizer.grad_clip_norm = 1.0
-  config.global_batch_size = 32
-  config.eval_batch_size = 64
-  config.num_train_steps = 2000
-  config.log_every_steps = 200
-  config.eval_every_steps = 500
-  config.checkpoint_every_steps = 1000
+  config.task.kind = 'shifted'
+  del config.model['pooling']
+  config.model.name = 'causal_conv_shifted'
   return config

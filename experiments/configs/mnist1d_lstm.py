@@ -9,18 +9,10 @@ global norm 1, batch 100, 6,000 steps: the recipe of mnist1d_gru.py.
   python -m experiments.main --config=experiments/configs/mnist1d_lstm.py --workdir=workdirs/mnist1d_lstm
 """
 
-import ml_collections
-
-from experiments.configs import mnist1d_mlp
+from experiments.configs import mnist1d_gru
 
 
 def get_config():
-  config = mnist1d_mlp.get_config()
-  config.model = ml_collections.ConfigDict({
-      'name': 'rnn_classifier', 'num_classes': 10, 'cell': 'lstm', 'features': 128,
-      'num_layers': 1, 'bidirectional': False, 'readout': 'last', 'dropout_rate': 0.0,
-      'unroll': 1, 'dtype': 'float32'})
-  config.optimizer.learning_rate = 3e-3
-  config.optimizer.schedule = 'cosine'
-  config.optimizer.grad_clip_norm = 1.0
+  config = mnist1d_gru.get_config()
+  config.model.cell = 'lstm'
   return config
