@@ -38,11 +38,14 @@ def init_variables(model: nn.Module, task: base.Task, rng: jnp.ndarray, example_
   """`model.init` on the task's inputs for `example_batch`; returns (params, model_state).
 
   Only the task's `state_collections` are kept: per-call collections such as a
-  decoding 'cache' never enter the train state.
+  decoding 'cache' never enter the train state. Parameters declared with logical
+  axis names (`nn.with_logical_partitioning`) are unboxed to plain arrays; the
+  names are read from the abstract init by `train/parallel.py`.
   """
   init_rng, stream_rng = jax.random.split(rng)
   rngs = {'params': init_rng, **{name: base.stream_key(stream_rng, name) for name in task.rng_streams}}
-  variables = model.init(rngs, *task.model_inputs(example_batch), train=False, method=task.method)
+  variables = nn.unbox(model.init(rngs, *task.model_inputs(example_batch), train=False,
+                                  method=task.method))
   model_state = {name: variables[name] for name in task.state_collections if name in variables}
   return variables['params'], model_state
 

@@ -1,0 +1,1 @@
+"""Attention: scaled dot-product, masks, multi-head attention and positions."""

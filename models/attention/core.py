@@ -1,0 +1,206 @@
+"""Scaled dot-product attention, masks and multi-head attention (Vaswani et al. 2017, §3.2).
+
+  Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + bias, masked) V
+
+Masks are boolean, True where a query may attend to a key, and broadcast to
+[B, N, T, S] (batch, heads, queries, keys). A query whose keys are all masked
+gets the zero vector (not the uniform average a large negative fill would give,
+and never NaN).
+
+Arrays carry logical axis names ('batch', 'length', 'embed', 'heads', 'kv',
+'mlp', 'vocab') on parameters and activations; `train/parallel.py` maps them to
+a device mesh by rules from the config, and outside a mesh they do nothing.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models.attention import positions as positions_lib
+
+# Position schemes applied inside attention (the others add to the embeddings).
+IN_ATTENTION = ('rotary', 'alibi')
+
+
+def causal_mask(num_queries: int, num_keys: int | None = None, offset=0) -> jax.Array:
+  """[T, S] with True where key j ≤ query i + offset (query i sits at position i + offset)."""
+  num_keys = num_queries if num_keys is None else num_keys
+  return jnp.arange(num_keys)[None, :] <= jnp.arange(num_queries)[:, None] + offset
+
+
+def padding_mask(lengths_B: jax.Array, length: int) -> jax.Array:
+  """[B, length] with True at the first lengths_B[b] positions of each row."""
+  return jnp.arange(length)[None, :] < jnp.asarray(lengths_B)[:, None]
+
+
+def key_mask(valid_BxS: jax.Array) -> jax.Array:
+  """Valid keys [B, S] → an attention mask [B, 1, 1, S] (every head and query)."""
+  return valid_BxS[:, None, None, :]
+
+
+def combine_masks(*masks) -> jax.Array | None:
+  """The logical AND of the masks that are not None (None if all are)."""
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  out = masks[0]
+  for m in masks[1:]:
+    out = jnp.logical_and(out, m)
+  return out
+
+
+def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, mask=None, bias=None,
+                          causal: bool = False, implementation: str | None = None):
+  """softmax(q kᵀ / √H + bias) v per head, through `jax.nn.dot_product_attention`.
+
+  `jax.nn.dot_product_attention` picks a fused kernel where the platform has one
+  (cuDNN flash attention on a GPU, `implementation='cudnn'`) and XLA's otherwise.
+  `mask` (bool) and `bias` (additive, float) broadcast to [B, N, T, S]; `causal`
+  adds the causal mask with query i at position i. Rows whose keys are all
+  masked return zeros.
+  """
+  if causal and mask is None and bias is None:
+    # The one form a fused kernel recognises as causal without materialising a mask.
+    return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, is_causal=True,
+                                        implementation=implementation)
+  num_queries, num_keys = q_BxTxNxH.shape[1], k_BxSxNxH.shape[1]
+  if causal:
+    mask = combine_masks(mask, causal_mask(num_queries, num_keys)[None, None])
+  if bias is not None:
+    bias = jnp.broadcast_to(bias, (q_BxTxNxH.shape[0], q_BxTxNxH.shape[2], num_queries,
+                                   num_keys)).astype(q_BxTxNxH.dtype)
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (q_BxTxNxH.shape[0], q_BxTxNxH.shape[2], num_queries, num_keys))
+  out_BxTxNxH = jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias, mask=mask,
+                                             implementation=implementation)
+  if mask is None:
+    return out_BxTxNxH
+  # A fully masked row: every logit got the same large negative value, so the
+  # kernel returned the mean of the values; nothing was attended, so return 0.
+  any_BxNxT = jnp.any(mask, axis=-1)
+  return jnp.where(any_BxNxT.transpose(0, 2, 1)[..., None], out_BxTxNxH, 0)
+
+
+def attention_weights(q_BxTxNxH, k_BxSxNxH, *, mask=None, bias=None, causal: bool = False):
+  """The weights softmax(q kᵀ / √H + bias) [B, N, T, S] themselves, for inspection and figures
+  (the attention layers never form them: `dot_product_attention` does not return them)."""
+  logits_BxNxTxS = jnp.einsum('btnh,bsnh->bnts', q_BxTxNxH, k_BxSxNxH,
+                              preferred_element_type=jnp.float32) / jnp.sqrt(q_BxTxNxH.shape[-1])
+  if bias is not None:
+    logits_BxNxTxS = logits_BxNxTxS + bias
+  if causal:
+    mask = combine_masks(mask, causal_mask(q_BxTxNxH.shape[1], k_BxSxNxH.shape[1])[None, None])
+  if mask is None:
+    return jax.nn.softmax(logits_BxNxTxS, axis=-1)
+  weights = jax.nn.softmax(jnp.where(mask, logits_BxNxTxS, -jnp.inf), axis=-1)
+  return jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
+
+
+def _dense_init(names):
+  return nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention (Vaswani et al. 2017, §3.2.2):
+
+    head_i = Attention(x_q W_i^Q, x_kv W_i^K, x_kv W_i^V),   i = 1 … N
+    MultiHead(x_q, x_kv) = [head_1; …; head_N] W^O
+
+  Self-attention when `x_kv` is None, cross-attention otherwise. The N heads'
+  projections are one [D, N, H] kernel each for Q, K and V, and W^O is [N, H, D′].
+
+  Positions applied inside attention (`positions`): 'rotary' rotates q and k by
+  their positions (Su et al. 2021) and 'alibi' adds −m_i·distance to head i's
+  scores (Press et al. 2022); see models/attention/positions.py. Self-attention
+  only; their positions are 0 … T−1 (plus the cache index when decoding).
+
+  Decoding (`decode=True`, causal self-attention only) follows the flax lm1b
+  cache protocol: the call inside `init` sizes a key/value cache [B, L, N, H]
+  from the input length L; each later call takes the next S ≥ 1 inputs, writes
+  their keys and values at the cache index and attends over every cached
+  position up to its own. The cost per token is O(L) instead of recomputing
+  the prefix.
+
+  Attributes:
+    num_heads: N.
+    head_dim: H (default: the input width / N).
+    out_features: D′ (default: the input width).
+    positions: 'none', 'rotary' or 'alibi'.
+    rotary_base: the base b of the rotary frequencies b^(−2i/H).
+    use_bias: biases on the projections.
+    dtype: compute dtype; parameters stay float32.
+  """
+  num_heads: int
+  head_dim: int | None = None
+  out_features: int | None = None
+  positions: str = 'none'
+  rotary_base: float = 10_000.0
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+
+  def _project(self, x, name, head_dim):
+    return nn.DenseGeneral((self.num_heads, head_dim), use_bias=self.use_bias, dtype=self.dtype,
+                           param_dtype=jnp.float32, kernel_init=_dense_init(('embed', 'heads', 'kv')),
+                           bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                  ('heads', 'kv')),
+                           name=name)(x)
+
+  @nn.compact
+  def __call__(self, x_q_BxTxD, x_kv_BxSxD=None, *, mask=None, causal: bool = False,
+               decode: bool = False):
+    width = x_q_BxTxD.shape[-1]
+    if width % self.num_heads and self.head_dim is None:
+      raise ValueError(f'MultiHeadAttention: width {width} is not divisible by num_heads='
+                       f'{self.num_heads}; set head_dim.')
+    if self.positions not in ('none',) + IN_ATTENTION:
+      raise ValueError(f'MultiHeadAttention positions={self.positions!r}; allowed: none, '
+                       f'{", ".join(IN_ATTENTION)}.')
+    cross = x_kv_BxSxD is not None
+    if cross and self.positions != 'none':
+      raise ValueError(f'positions={self.positions!r} applies to self-attention only.')
+    if decode and (cross or not causal):
+      raise ValueError('decode=True needs causal self-attention.')
+    head_dim = self.head_dim or width // self.num_heads
+    x_kv_BxSxD = x_q_BxTxD if x_kv_BxSxD is None else x_kv_BxSxD
+    constrain = lambda a: nn.with_logical_constraint(a, ('batch', 'length', 'heads', 'kv'))
+    q_BxTxNxH = constrain(self._project(x_q_BxTxD, 'query', head_dim))
+    k_BxSxNxH = constrain(self._project(x_kv_BxSxD, 'key', head_dim))
+    v_BxSxNxH = constrain(self._project(x_kv_BxSxD, 'value', head_dim))
+
+    batch, steps = x_q_BxTxD.shape[:2]
+    offset = 0  # the position of the first query
+    if decode:
+      is_initialized = self.has_variable('cache', 'cached_key')
+      cached_k = self.variable('cache', 'cached_key', jnp.zeros, k_BxSxNxH.shape, k_BxSxNxH.dtype)
+      cached_v = self.variable('cache', 'cached_value', jnp.zeros, v_BxSxNxH.shape, v_BxSxNxH.dtype)
+      index = self.variable('cache', 'cache_index', lambda: jnp.zeros((), jnp.int32))
+      if is_initialized:
+        offset = index.value
+    q_positions, k_positions = offset + jnp.arange(steps), offset + jnp.arange(steps)
+    if self.positions == 'rotary':
+      q_BxTxNxH = positions_lib.rotate(q_BxTxNxH, q_positions, self.rotary_base)
+      k_BxSxNxH = positions_lib.rotate(k_BxSxNxH, k_positions, self.rotary_base)
+    if decode and is_initialized:
+      # Write this call's keys and values at the cache index; attend over the whole cache.
+      start = (0, offset, 0, 0)
+      cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BxSxNxH, start)
+      cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BxSxNxH, start)
+      index.value = offset + steps
+      k_BxSxNxH, v_BxSxNxH = cached_k.value, cached_v.value
+      k_positions = jnp.arange(k_BxSxNxH.shape[1])
+      mask = combine_masks(mask, causal_mask(steps, k_BxSxNxH.shape[1], offset)[None, None])
+      causal = False
+    bias = None
+    if self.positions == 'alibi':
+      bias = positions_lib.alibi_bias(self.num_heads, q_positions, k_positions, causal=causal or decode)
+      bias = bias[None]
+    out_BxTxNxH = dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask, bias=bias,
+                                        causal=causal)
+    out = nn.DenseGeneral(self.out_features or width, axis=(-2, -1), use_bias=self.use_bias,
+                          dtype=self.dtype, param_dtype=jnp.float32,
+                          kernel_init=_dense_init(('heads', 'kv', 'embed')),
+                          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
+                          name='out')(out_BxTxNxH)
+    return nn.with_logical_constraint(out, ('batch', 'length', 'embed'))

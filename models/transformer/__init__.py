@@ -1,0 +1,1 @@
+"""Transformers: blocks, GPT, BERT, ViT and the encoder–decoder."""

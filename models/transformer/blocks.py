@@ -1,0 +1,111 @@
+"""Transformer blocks (Vaswani et al. 2017), post-LN or pre-LN.
+
+Post-LN, the original (each sub-layer f wrapped as LayerNorm(x + f(x))):
+
+  EncoderBlock(X):     Z = LayerNorm(MHA(X, X, X) + X);  E = LayerNorm(FFN(Z) + Z)
+  DecoderBlock(Y, E):  Z = LayerNorm(MHA(Y, Y, Y) + Y)                 (causal)
+                       Z′ = LayerNorm(MHA(Z, E, E) + Z)                 (cross-attention)
+                       D = LayerNorm(FFN(Z′) + Z′)
+
+Pre-LN (Xiong et al. 2020; GPT-2): x + f(LayerNorm(x)) for each sub-layer and one
+LayerNorm after the last block; its gradients at initialisation are well
+scaled, so it trains without warmup at learning rates where post-LN diverges.
+
+FFN(x) = W_2 GELU(W_1 x + b_1) + b_2, hidden width `mlp_dim` (Hendrycks & Gimpel
+2016 for GELU, as in BERT and GPT). Dropout follows every sub-layer (residual
+dropout, §5.4); the attention weights themselves are not dropped, so the exact
+path stays one `jax.nn.dot_product_attention` call.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from models.attention.core import MultiHeadAttention
+
+
+def layer_norm(use_bias: bool, name: str | None = None) -> nn.LayerNorm:
+  """LayerNorm over the width, in float32, with logically named parameters."""
+  return nn.LayerNorm(use_bias=use_bias, dtype=jnp.float32, param_dtype=jnp.float32, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)))
+
+
+class FeedForward(nn.Module):
+  """W_2 GELU(W_1 x + b_1) + b_2; the hidden axis is named 'mlp' (split by tensor parallelism)."""
+  mlp_dim: int
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD):
+    def dense(features, names, name):
+      return nn.Dense(features, use_bias=self.use_bias, dtype=self.dtype, param_dtype=jnp.float32,
+                      kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), names),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[1:]),
+                      name=name)
+    h_BxTxF = nn.gelu(dense(self.mlp_dim, ('embed', 'mlp'), 'hidden')(x_BxTxD))
+    h_BxTxF = nn.with_logical_constraint(h_BxTxF, ('batch', 'length', 'mlp'))
+    return dense(x_BxTxD.shape[-1], ('mlp', 'embed'), 'output')(h_BxTxF)
+
+
+class TransformerBlock(nn.Module):
+  """One encoder block, or one decoder block when `cross_attention` is set (see module doc).
+
+  `__call__(x, memory=None, *, mask=None, memory_mask=None, train, decode)`:
+  `mask` [B, 1 | N, T, T] restricts self-attention (padding), `causal` makes it
+  causal, `memory` [B, S, D] is what cross-attention reads and `memory_mask`
+  [B, 1, 1, S] its valid positions.
+  """
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  pre_norm: bool = True
+  causal: bool = False
+  cross_attention: bool = False
+  positions: str = 'none'
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD, memory_BxSxD=None, *, mask=None, memory_mask=None,
+               train: bool = False, decode: bool = False):
+    drop = nn.Dropout(self.dropout_rate, deterministic=not train)
+
+    def sublayer(x, f, name):
+      if self.pre_norm:
+        return x + drop(f(layer_norm(self.use_bias, f'{name}_norm')(x)))
+      return layer_norm(self.use_bias, f'{name}_norm')(x + drop(f(x)))
+
+    attention = lambda positions, name: MultiHeadAttention(
+        self.num_heads, positions=positions, use_bias=self.use_bias, dtype=self.dtype, name=name)
+    x_BxTxD = sublayer(x_BxTxD, lambda h: attention(self.positions, 'self_attention')(
+        h, mask=mask, causal=self.causal, decode=decode), 'self_attention')
+    if self.cross_attention:
+      if memory_BxSxD is None:
+        raise ValueError('A decoder block with cross_attention needs the encoder memory.')
+      x_BxTxD = sublayer(x_BxTxD, lambda h: attention('none', 'cross_attention')(
+          h, memory_BxSxD, mask=memory_mask), 'cross_attention')
+    x_BxTxD = sublayer(x_BxTxD, FeedForward(self.mlp_dim, self.use_bias, self.dtype, name='mlp'),
+                       'mlp')
+    return nn.with_logical_constraint(x_BxTxD, ('batch', 'length', 'embed'))
+
+
+class TokenEmbedding(nn.Module):
+  """Token embedding E [V, D] (N(0, 0.02²) as in GPT-2 and BERT) with `attend` for tied outputs."""
+  vocab_size: int
+  features: int
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    self.embed = nn.Embed(self.vocab_size, self.features, dtype=self.dtype, param_dtype=jnp.float32,
+                          embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02),
+                                                                      ('vocab', 'embed')))
+
+  def __call__(self, tokens_BxT):
+    return self.embed(tokens_BxT)
+
+  def attend(self, x_BxTxD):
+    """Logits x Eᵀ [B, T, V] (the output layer tied to the embedding, Press & Wolf 2017)."""
+    return self.embed.attend(x_BxTxD)

@@ -1,0 +1,124 @@
+"""GPT: a decoder-only Transformer language model (Radford et al. 2018, 2019).
+
+  h⁰ = E[x_t] + P[t]                    (token and position embeddings)
+  hˡ = Block_l(hˡ⁻¹),  l = 1 … L         (causal self-attention and MLP, pre-LN)
+  logits_t = LayerNorm(hᴸ_t) Eᵀ         (output tied to the embedding), or W_out
+
+Position t sees tokens ≤ t, so logits_t parameterises p(x_{t+1} | x_≤t). With
+`decode=True` every attention layer keeps its keys and values in the 'cache'
+collection (train/sampling.py's protocol): generation reads one token per step.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models.attention import positions as positions_lib
+from models.attention.core import IN_ATTENTION
+from models.transformer.blocks import TokenEmbedding, TransformerBlock, layer_norm
+
+
+def check_transformer_options(name: str, module, vocab_size: int | None = None) -> None:
+  """One sentence per option of a Transformer config that cannot work."""
+  for option in ('num_layers', 'features', 'num_heads', 'mlp_dim', 'max_length'):
+    value = getattr(module, option, 1)
+    if option == 'mlp_dim' and value is None:  # the default 4·D
+      continue
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f'{name} {option} must be a positive integer, got {value!r}.')
+  if module.features % module.num_heads:
+    raise ValueError(f'{name} features={module.features} must be divisible by num_heads='
+                     f'{module.num_heads}.')
+  if module.positions not in positions_lib.SCHEMES:
+    raise ValueError(f'{name} positions={module.positions!r}; allowed: '
+                     f'{", ".join(positions_lib.SCHEMES)}.')
+  if module.positions == 'rotary' and (module.features // module.num_heads) % 2:
+    raise ValueError(f'{name} rotary positions need an even head width, got '
+                     f'{module.features // module.num_heads}.')
+  if not 0 <= module.dropout_rate < 1:
+    raise ValueError(f'{name} dropout_rate must lie in [0, 1), got {module.dropout_rate}.')
+  if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size < 1):
+    raise ValueError(f'{name} vocab_size must be a positive integer, got {vocab_size!r}.')
+
+
+def embed_positions(module, x_BxTxD, start=0):
+  """x plus the additive position embedding of positions start … start+T−1 (if any)."""
+  steps, width = x_BxTxD.shape[1:]
+  if module.positions in ('sinusoidal', 'learned') and steps > module.max_length:
+    raise ValueError(f'{type(module).__name__}: {steps} positions exceed max_length='
+                     f'{module.max_length} of its {module.positions} position embedding.')
+  positions_T = start + jnp.arange(steps)
+  if module.positions == 'sinusoidal':
+    return x_BxTxD + positions_lib.sinusoidal(positions_T, width).astype(x_BxTxD.dtype)
+  if module.positions == 'learned':
+    table = positions_lib.LearnedPositions(module.max_length, width, name='position_embed')
+    return x_BxTxD + table(positions_T).astype(x_BxTxD.dtype)
+  return x_BxTxD
+
+
+class GPT(nn.Module):
+  """Decoder-only Transformer (see module doc).
+
+  Attributes:
+    vocab_size: V.
+    num_layers, features, num_heads: L blocks of width D with N heads.
+    mlp_dim: the MLP's hidden width (default 4·D).
+    max_length: the longest context (the learned table's size; sinusoidal,
+      ALiBi and rotary positions extrapolate beyond it).
+    positions: 'learned', 'sinusoidal', 'alibi', 'rotary' or 'none'.
+    dropout_rate: dropout on the embeddings and after every sub-layer.
+    pre_norm: pre-LN blocks and a final LayerNorm (GPT-2); False: post-LN.
+    tie_embeddings: logits = h Eᵀ; else a separate output layer.
+    use_bias: biases in the projections and LayerNorms.
+    dtype: compute dtype; parameters, LayerNorms and logits are float32.
+  """
+  vocab_size: int
+  num_layers: int = 4
+  features: int = 256
+  num_heads: int = 4
+  mlp_dim: int | None = None
+  max_length: int = 256
+  positions: str = 'learned'
+  dropout_rate: float = 0.0
+  pre_norm: bool = True
+  tie_embeddings: bool = True
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    check_transformer_options('GPT', self, self.vocab_size)
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, tokens_BxT, *, train: bool = False, decode: bool = False):
+    embed = TokenEmbedding(self.vocab_size, self.features, self.dtype, name='token_embed')
+    x_BxTxD = embed(tokens_BxT)
+    start = 0
+    if decode:
+      # The position of this call's first token, for the additive embeddings.
+      is_initialized = self.has_variable('cache', 'position')
+      position = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
+      if is_initialized:
+        start = position.value
+        position.value = start + tokens_BxT.shape[1]
+    x_BxTxD = embed_positions(self, x_BxTxD, start)
+    x_BxTxD = nn.Dropout(self.dropout_rate, deterministic=not train)(x_BxTxD)
+    x_BxTxD = nn.with_logical_constraint(x_BxTxD, ('batch', 'length', 'embed'))
+    positions = self.positions if self.positions in IN_ATTENTION else 'none'
+    for layer in range(self.num_layers):
+      x_BxTxD = TransformerBlock(self.num_heads, self.mlp_dim or 4 * self.features,
+                                 self.dropout_rate, self.pre_norm, causal=True, positions=positions,
+                                 use_bias=self.use_bias, dtype=self.dtype,
+                                 name=f'block{layer}')(x_BxTxD, train=train, decode=decode)
+    if self.pre_norm:
+      x_BxTxD = layer_norm(self.use_bias, 'final_norm')(x_BxTxD)
+    if self.tie_embeddings:
+      logits_BxTxV = embed.attend(x_BxTxD.astype(self.dtype))
+    else:
+      logits_BxTxV = nn.Dense(self.vocab_size, use_bias=False, dtype=self.dtype,
+                              param_dtype=jnp.float32, name='output',
+                              kernel_init=nn.with_logical_partitioning(
+                                  nn.initializers.lecun_normal(), ('embed', 'vocab')))(x_BxTxD)
+    return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ('batch', 'length', 'vocab'))
