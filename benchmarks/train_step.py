@@ -167,13 +167,12 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   peak, peak_n = matmul_peak_flops()
-  batch_size = config.global_batch_size
   print(f'matmul peak (float32, {peak_n}x{peak_n}): {peak / 1e9:.2f} GFLOP/s')
-  window = config.data.get('window')
   results = {}
   for label, field, value in _settings(config):
     _set(config, field, value)
     r = results[label] = measure_step(config, _STEPS.value)
+    batch_size, window = config.global_batch_size, config.data.get('window')  # a sweep may set them
     achieved = r['flops'] / r['step_seconds']
     print(f'config: {config.data.name} / {config.model.name} ({label}), mode={r["mode"]}, '
           f'devices={r["devices"]}, global batch {batch_size}')

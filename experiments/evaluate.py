@@ -1,0 +1,94 @@
+r"""Evaluates a trained run's latest checkpoint again, optionally under changed data settings.
+
+  python -m experiments.evaluate --workdir=workdirs/shakespeare_char_gpt_rotary [--window=256]
+
+Reads the run's `config.json` and newest good checkpoint (the parameter EMA when
+the run kept one) and runs the run's own evaluation over its eval split. With
+`--window` the text windows have that many tokens instead of the trained
+context, e.g. twice the training length to see which position schemes
+extrapolate (Press et al. 2022). Prints the metrics and appends them, with the
+window and the checkpoint step, to `<workdir>/evaluations.jsonl`; nothing else
+in the work directory changes.
+"""
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+FLAGS = flags.FLAGS
+
+OUTPUT_FILE = 'evaluations.jsonl'
+
+
+def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None = None) -> dict:
+  """{'step', 'window', 'metrics'} of the run in `workdir`; bad inputs raise ValueError or
+  FileNotFoundError in one sentence before anything is compiled."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
+  from train import state as state_lib  # pylint: disable=g-import-not-at-top
+
+  for name, value in (('window', window), ('batch_size', batch_size)):
+    if value is not None and value < 1:
+      raise ValueError(f'--{name} must be a positive integer, got {value}.')
+  workdir = os.path.abspath(workdir)
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f'The work directory {workdir!r} does not exist.')
+  config = loop.read_config(workdir)
+  if window is not None:
+    if config.data.get('window') is None:
+      raise ValueError(f'--window applies to token windows; the run in {workdir!r} reads '
+                       f'{config.data.name!r} without them.')
+    config.data.window = window
+  if batch_size is not None:
+    config.eval_batch_size = batch_size
+  _, eval_source, _, task, model = loop.build_parts(config, workdir)
+  saved = checkpoint.restore_arrays(workdir)
+  state = jax.device_put(state_lib.TrainState(
+      step=saved['step'], params=saved['params'], opt_state=None,
+      model_state=saved.get('model_state') or {}, rng=saved['rng'],
+      ema_params=saved.get('ema_params')))
+  run = loop.Run(config=config, workdir=workdir, parallel=None, model=model, task=task, tx=None,
+                 learning_rate_fn=None, init_fn=None, rng=None, train_source=None,
+                 eval_source=eval_source, checkpointer=None)
+  metrics = run.evaluate(jax.jit(run.eval_step_fn()), state)
+  return {'step': int(saved['step']), 'window': config.data.get('window'), 'metrics': metrics}
+
+
+def run(workdir: str | None, *, window: int | None = None, batch_size: int | None = None) -> dict:
+  """The command: evaluates, prints and appends the record; a bad input exits with status 1
+  and one sentence."""
+  try:
+    if not workdir:
+      raise ValueError('--workdir must name the work directory of a trained run.')
+    record = evaluate(workdir, window=window, batch_size=batch_size)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f'error: {e}')
+  print(f'step {record["step"]}, window {record["window"]}: '
+        + ' '.join(f'{k}={v:.4f}' for k, v in sorted(record['metrics'].items())))
+  with open(os.path.join(os.path.abspath(workdir), OUTPUT_FILE), 'a', encoding='utf-8') as f:
+    f.write(json.dumps(record, sort_keys=True) + '\n')
+  return record
+
+
+def define_flags() -> None:
+  # Called only when run as a script, so that importing the module defines no flags.
+  flags.DEFINE_string('workdir', None, 'Work directory of a trained run.', required=True)
+  flags.DEFINE_integer('window', None, 'Tokens per evaluation window (default: the run\'s).')
+  flags.DEFINE_integer('batch_size', None, "Windows per batch (default: the run's "
+                       'eval_batch_size).')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
+  logging.set_verbosity(logging.WARNING)
+  run(FLAGS.workdir, window=FLAGS.window, batch_size=FLAGS.batch_size)
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)
