@@ -93,6 +93,12 @@ def generate(model, variables, prompt_BxP, key, *, num_new_tokens, temperature=1
   makes the unwritten tail irrelevant): O(N (P+N)) token evaluations, any causal model.
   With the cache the model reads one token per step, the prompt included.
 
+  A model with a fixed context (a `max_context` attribute W, e.g. a Transformer's
+  learned position table) sees at most the last W tokens: when P + N > W, each
+  step reruns it on the window of W tokens ending at the newest one, as the
+  GPT papers' samplers do, and the cache is not used (it cannot hold more than
+  W positions).
+
   Compiled once per (model, shapes, num_new_tokens, sampling args, use_cache); the model
   is a static argument and must be hashable (Flax modules with tuple attributes are).
   Collections other than 'cache' in `variables` (e.g. 'batch_stats') are read, not updated.
@@ -133,10 +139,15 @@ def _generate(model, variables, prompt_BxP, key, *, num_new_tokens, sampling, us
     return sample_token(jax.random.fold_in(key, t), logits_BxV, temperature=temperature,
                         top_k=top_k, top_p=top_p)
 
-  if not use_cache:
+  window = min(model_context(model) or total_length, total_length)
+  if not use_cache or window < total_length:
     def step(tokens_BxL, t):  # t: position written at this step
-      logits_BxLxV = model.apply(variables, tokens_BxL, *inputs, train=False)
-      logits_BxV = logits_BxLxV[:, t - 1].astype(jnp.float32)
+      # The W tokens up to t − 1 (all of them while t ≤ W; causality makes the rest irrelevant).
+      start = jnp.maximum(t - window, 0)
+      window_BxW = jax.lax.dynamic_slice_in_dim(tokens_BxL, start, window, axis=1)
+      logits_BxWxV = model.apply(variables, window_BxW, *inputs, train=False)
+      logits_BxV = jax.lax.dynamic_index_in_dim(logits_BxWxV, t - 1 - start, axis=1,
+                                                keepdims=False).astype(jnp.float32)
       tokens_BxL = tokens_BxL.at[:, t].set(draw(t, logits_BxV))
       return tokens_BxL, logits_BxV if return_logits else None
 
@@ -163,6 +174,11 @@ def _generate(model, variables, prompt_BxP, key, *, num_new_tokens, sampling, us
     logits_NxBxV = None if logits_SxBxV is None else logits_SxBxV[prompt_length - 1:]
   logits_BxNxV = None if logits_NxBxV is None else logits_NxBxV.transpose(1, 0, 2)
   return tokens_BxL, logits_BxNxV
+
+
+def model_context(model) -> int | None:
+  """The most tokens `model` can read at once (its `max_context` attribute), None if unbounded."""
+  return getattr(model, 'max_context', None)
 
 
 def supports_cache(model) -> bool:
