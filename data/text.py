@@ -183,8 +183,10 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
   Returns:
     (train windows, eval windows, meta) with meta holding 'vocab_size',
     'tokenizer', 'token_units' (float32 [V], see `token_units`), 'unit',
-    'window' and 'workdir_files' ({'tokenizer.json': save function}: the
-    tokenizer is not written here, so a config that fails later writes nothing).
+    'token_counts' (int64 [V], how often each id occurs in the train split's
+    stream, for unigram baselines), 'window' and 'workdir_files'
+    ({'tokenizer.json': save function}: the tokenizer is not written here, so a
+    config that fails later writes nothing).
   """
   kind, vocab_size = data_config.tokenizer, data_config.get('vocab_size')
   _check_tokenizer_options(kind, vocab_size)
@@ -203,6 +205,7 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
   eval_tokens = _encode(tokenizer, eval_text, name, data_config.eval_split)
   units, unit = token_units(tokenizer)
   meta = {'vocab_size': tokenizer.vocab_size, 'tokenizer': tokenizer, 'token_units': units,
-          'unit': unit, 'window': window, 'workdir_files': {TOKENIZER_FILE: tokenizer.save}}
+          'unit': unit, 'window': window, 'workdir_files': {TOKENIZER_FILE: tokenizer.save},
+          'token_counts': np.bincount(train_tokens, minlength=tokenizer.vocab_size)}
   return (TokenWindows(train_tokens, window, training=True),
           TokenWindows(eval_tokens, window, training=False), meta)

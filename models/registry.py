@@ -10,6 +10,7 @@ from models.mlp import MLP
 from models.sequence.causal_conv import CausalConvLM
 from models.sequence import rnn_models
 from models.sequence import forecasting
+from models.transformer.bert import BERT
 from models.transformer.gpt import GPT
 from models.vision import resnet
 from models.vision.alexnet import AlexNet
@@ -28,6 +29,7 @@ MODELS: dict[str, type[nn.Module]] = {
     'causal_conv_pooled': forecasting.PooledConvForecaster,
     'causal_conv_shifted': forecasting.ShiftedConvForecaster,
     'gpt': GPT,
+    'bert': BERT,
 }
 
 # Compute dtypes a config may name; parameters stay float32.

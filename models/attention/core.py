@@ -55,8 +55,8 @@ def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, mask=None, bias=No
                           causal: bool = False, implementation: str | None = None):
   """softmax(q kᵀ / √H + bias) v per head, through `jax.nn.dot_product_attention`.
 
-  `jax.nn.dot_product_attention` picks a fused kernel where the platform has one
-  (cuDNN flash attention on a GPU, `implementation='cudnn'`) and XLA's otherwise.
+  `implementation` None lets JAX choose (XLA's attention, as of JAX 0.10); 'cudnn'
+  asks for cuDNN's fused flash-attention kernel on a GPU.
   `mask` (bool) and `bias` (additive, float) broadcast to [B, N, T, S]; `causal`
   adds the causal mask with query i at position i. Rows whose keys are all
   masked return zeros.
@@ -69,8 +69,10 @@ def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, mask=None, bias=No
   if causal:
     mask = combine_masks(mask, causal_mask(num_queries, num_keys)[None, None])
   if bias is not None:
-    bias = jnp.broadcast_to(bias, (q_BxTxNxH.shape[0], q_BxTxNxH.shape[2], num_queries,
-                                   num_keys)).astype(q_BxTxNxH.dtype)
+    bias = jnp.broadcast_to(bias, (q_BxTxNxH.shape[0], q_BxTxNxH.shape[2], num_queries, num_keys))
+    # XLA adds the bias to float32 logits, so it stays float32 (a bfloat16 ALiBi bias of
+    # −m·d ≈ 100 would round to steps of 0.5); cuDNN wants it in the compute dtype.
+    bias = bias.astype(q_BxTxNxH.dtype if implementation == 'cudnn' else jnp.float32)
   if mask is not None:
     mask = jnp.broadcast_to(mask, (q_BxTxNxH.shape[0], q_BxTxNxH.shape[2], num_queries, num_keys))
   out_BxTxNxH = jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias, mask=mask,

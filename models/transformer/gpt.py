@@ -12,7 +12,6 @@ collection (train/sampling.py's protocol): generation reads one token per step.
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from models.attention import positions as positions_lib
@@ -44,11 +43,16 @@ def check_transformer_options(name: str, module, vocab_size: int | None = None) 
 
 
 def embed_positions(module, x_BxTxD, start=0):
-  """x plus the additive position embedding of positions start … start+T−1 (if any)."""
+  """x plus the additive position embedding of positions start … start+T−1 (if any).
+
+  Only the learned table stops at max_length; sinusoidal positions are a formula
+  and extend to any length (an evaluation on windows longer than the training's).
+  """
   steps, width = x_BxTxD.shape[1:]
-  if module.positions in ('sinusoidal', 'learned') and steps > module.max_length:
+  if module.positions == 'learned' and steps > module.max_length:
     raise ValueError(f'{type(module).__name__}: {steps} positions exceed max_length='
-                     f'{module.max_length} of its {module.positions} position embedding.')
+                     f'{module.max_length} of its learned position embedding; give at most '
+                     f'{module.max_length} or raise max_length.')
   positions_T = start + jnp.arange(steps)
   if module.positions == 'sinusoidal':
     return x_BxTxD + positions_lib.sinusoidal(positions_T, width).astype(x_BxTxD.dtype)
@@ -90,6 +94,12 @@ class GPT(nn.Module):
   def __post_init__(self):
     check_transformer_options('GPT', self, self.vocab_size)
     super().__post_init__()
+
+  @property
+  def max_context(self) -> int:
+    """Generation reads at most the last `max_length` tokens (train/sampling.py), the
+    context the model was trained on, whatever its position scheme."""
+    return self.max_length
 
   @nn.compact
   def __call__(self, tokens_BxT, *, train: bool = False, decode: bool = False):

@@ -10,12 +10,14 @@ from train.tasks.base import BoundModel, HookContext, Metrics, Task, mean_over, 
 from train.tasks.classification import Classification
 from train.tasks.forecasting import Forecasting
 from train.tasks.lm import LanguageModel
+from train.tasks.mlm import MaskedLanguageModel
 from train.tasks.seq2seq import Seq2Seq
 from train.tasks.tagging import Tagging
 
 TASKS: dict[str, type[Task]] = {
     'classification': Classification,
     'language_model': LanguageModel,
+    'masked_language_model': MaskedLanguageModel,
     'seq2seq': Seq2Seq,
     'tagging': Tagging,
     'forecasting': Forecasting,
