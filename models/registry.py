@@ -11,11 +11,13 @@ from models.sequence.causal_conv import CausalConvLM
 from models.sequence import rnn_models
 from models.sequence import forecasting
 from models.transformer.bert import BERT
+from models.transformer.encoder_decoder import TransformerSeq2Seq
 from models.transformer.gpt import GPT
 from models.vision import resnet
 from models.vision.alexnet import AlexNet
 from models.vision.cnn1d import CNN1D
 from models.vision.lenet import LeNet5
+from models.vision.vit import ViT
 
 MODELS: dict[str, type[nn.Module]] = {
     'mlp': MLP, 'causal_conv_lm': CausalConvLM,
@@ -29,7 +31,9 @@ MODELS: dict[str, type[nn.Module]] = {
     'causal_conv_pooled': forecasting.PooledConvForecaster,
     'causal_conv_shifted': forecasting.ShiftedConvForecaster,
     'gpt': GPT,
+    'transformer_seq2seq': TransformerSeq2Seq,
     'bert': BERT,
+    'vit': ViT,
 }
 
 # Compute dtypes a config may name; parameters stay float32.
