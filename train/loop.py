@@ -429,13 +429,21 @@ def _build(config, workdir: str, allow_config_change: bool) -> tuple[Run, dict]:
   mode = config.parallel.mode
   if mode not in parallel_lib.MODES:
     raise ValueError(f'Unknown parallel.mode {mode!r}; allowed: {", ".join(parallel_lib.MODES)}.')
-  mesh = parallel_lib.make_mesh(config.parallel.get('num_devices'))
-  par = parallel_lib.Parallel(mode, mesh, config.parallel.get('fsdp_min_size', 1024))
+  model_parallelism = config.parallel.get('model_parallelism', 1)
+  if mode != 'tensor' and model_parallelism != 1:
+    raise ValueError(f'parallel.model_parallelism={model_parallelism!r} needs '
+                     f"parallel.mode='tensor'; mode {mode!r} keeps whole parameters on each device.")
+  mesh = parallel_lib.make_mesh(config.parallel.get('num_devices'),
+                                model_parallelism if mode == 'tensor' else None)
+  par = parallel_lib.Parallel(mode, mesh, config.parallel.get('fsdp_min_size', 1024),
+                              config.parallel.get('logical_axis_rules'))
+  shards = (f'{par.num_devices} devices of the mesh' if par.data_size == par.num_devices else
+            f"{par.data_size} rows of the {' x '.join(map(str, mesh.devices.shape))} "
+            "(data x model) mesh")
   for name in ('global_batch_size', 'eval_batch_size'):
-    if config[name] % par.num_devices:
-      raise ValueError(f'config.{name}={config[name]} is not divisible by the '
-                       f'{par.num_devices} devices of the mesh.')
-  per_device = config.global_batch_size // par.num_devices
+    if config[name] % par.data_size:
+      raise ValueError(f'config.{name}={config[name]} is not divisible by the {shards}.')
+  per_device = config.global_batch_size // par.data_size
   if per_device % config.grad_accum_steps:
     raise ValueError(f'config.grad_accum_steps={config.grad_accum_steps} does not divide the '
                      f'batch of {per_device} examples per device.')
@@ -446,7 +454,7 @@ def _build(config, workdir: str, allow_config_change: bool) -> tuple[Run, dict]:
 
   example = task.preprocess(pipeline.read_batch(train_source, np.zeros(1, np.int64)))
   init_fn = functools.partial(init_train_state, model, task, tx, example_batch=example,
-                              ema=config.get('ema_decay', 0.0) > 0)
+                              ema=config.get('ema_decay', 0.0) > 0, logical_axes=True)
   rng = jax.random.PRNGKey(config.seed)
   run = Run(config=config, workdir=workdir, parallel=par, model=model, task=task, tx=tx,
             learning_rate_fn=learning_rate_fn, init_fn=init_fn, rng=rng,
@@ -481,11 +489,13 @@ def _prove_steps(run: Run, abstract, example: dict) -> None:
     batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((size,) + x.shape[1:], x.dtype), example)
     return {**batch, **(extra or {})}
   config = run.config
-  _prove('running the first train step', lambda: jax.eval_shape(
-      run.train_step_fn(), abstract, batch_of(config.global_batch_size)))
   mask = {'mask': jax.ShapeDtypeStruct((config.eval_batch_size,), np.int32)}
-  _prove('running the first eval step', lambda: jax.eval_shape(
-      run.eval_step_fn(), abstract, batch_of(config.eval_batch_size, mask), np.int32(0)))
+  # In the steps' context, so the activations' sharding constraints are proved too.
+  with run.parallel.context():
+    _prove('running the first train step', lambda: jax.eval_shape(
+        run.train_step_fn(), abstract, batch_of(config.global_batch_size)))
+    _prove('running the first eval step', lambda: jax.eval_shape(
+        run.eval_step_fn(), abstract, batch_of(config.eval_batch_size, mask), np.int32(0)))
 
 
 def _write_config(config, workdir: str) -> None:

@@ -7,29 +7,68 @@ Modes (`config.parallel.mode`):
                (each array along its largest dimension divisible by the axis);
   'shard_map'  `shard_map` with explicit `pmean` of gradients, metrics and
                batch statistics (per-device view of the batch);
-  'pmap'       `pmap` over the local devices, same explicit collectives.
+  'pmap'       `pmap` over the local devices, same explicit collectives;
+  'tensor'     Megatron-style tensor parallelism (Shoeybi et al. 2019): `jit` on a
+               2-D mesh ('data', 'model') of data × `model_parallelism` devices.
+               The batch is split over 'data'; each parameter is split by the
+               logical axis names its module declares (`nn.with_logical_partitioning`)
+               through `logical_axis_rules`. The default, `MEGATRON_RULES`, maps
+               batch → data and heads, mlp → model and replicates embed, kv,
+               length and vocab, so in a Transformer block
+
+                 Q, K, V = x W^{Q,K,V}   W [D, N, H]  split over heads (by output)
+                 h = GELU(x W_1)         W_1 [D, F]   split over mlp   (by output)
+                 y = [head_i] W^O        W^O [N, H, D] split over heads (by input)
+                 y = h W_2               W_2 [F, D]   split over mlp   (by input)
+
+               each device computes its own heads and hidden units and one
+               all-reduce per sub-layer sums the partial outputs. The optimiser
+               state that mirrors the parameters and their EMA are split alike;
+               leaves without names (e.g. every leaf of a model that declares
+               none) are replicated, so any model runs. The steps trace inside
+               the mesh and the rules (`Parallel.context`), so the activations'
+               `nn.with_logical_constraint`s take effect. A split axis must
+               divide its dimension: `abstract_state` stops with one sentence
+               naming the parameter otherwise (no fallback).
 All modes see the same global batch, so they compute the same parameters up to
 floating-point reassociation.
 
 The state has one canonical layout for checkpoints, a global `jax.Array` per
 leaf with the mode's sharding (replicated for 'pmap'), so a checkpoint saved in
-any mode and on any number of devices restores in any other.
+any mode and on any number or mesh of devices restores in any other (e.g.
+'tensor' on 4 × 2 devices into 'tensor' on 2 × 4, or 'jit' on one).
 """
 
+import contextlib
 import functools
 from typing import Callable
 
 import flax.jax_utils
+import flax.linen as nn
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-MODES = ('jit', 'fsdp', 'shard_map', 'pmap')
+MODES = ('jit', 'fsdp', 'shard_map', 'pmap', 'tensor')
 AXIS = 'data'
+MODEL_AXIS = 'model'
+# The logical axis names the models declare on parameters and activations
+# (models/attention/core.py, models/transformer/); a model that introduces a
+# new name adds it here, so a misspelt rule stops with one sentence.
+LOGICAL_AXES = ('batch', 'length', 'embed', 'heads', 'kv', 'mlp', 'vocab')
+# Megatron-LM's split (Shoeybi et al. 2019): attention heads and MLP hidden units
+# over 'model', examples over 'data', everything else replicated.
+MEGATRON_RULES = (('batch', AXIS), ('heads', MODEL_AXIS), ('mlp', MODEL_AXIS), ('embed', None),
+                  ('kv', None), ('length', None), ('vocab', None))
 
 
-def make_mesh(num_devices: int | None = None) -> Mesh:
-  """A 1-D mesh with axis 'data' over the first `num_devices` devices (all by default)."""
+def make_mesh(num_devices: int | None = None, model_parallelism: int | None = None) -> Mesh:
+  """The mesh over the first `num_devices` devices (all by default).
+
+  1-D with axis 'data', or, given `model_parallelism` (the 'tensor' mode), 2-D
+  ('data', 'model') of shape (num_devices / model_parallelism, model_parallelism);
+  the devices of one model group are neighbours in `jax.make_mesh`'s order.
+  """
   devices = jax.devices()
   if num_devices is not None:
     if jax.process_count() > 1 and num_devices != len(devices):
@@ -39,7 +78,35 @@ def make_mesh(num_devices: int | None = None) -> Mesh:
       raise ValueError(f'parallel.num_devices={num_devices} is not between 1 and the '
                        f'{len(devices)} available devices.')
     devices = devices[:num_devices]
-  return Mesh(np.array(devices), (AXIS,))
+  if model_parallelism is None:
+    return Mesh(np.array(devices), (AXIS,))
+  if not isinstance(model_parallelism, int) or model_parallelism < 1 or (
+      len(devices) % model_parallelism):
+    raise ValueError(f'parallel.model_parallelism={model_parallelism!r} must be a positive '
+                     f'integer that divides the {len(devices)} devices.')
+  shape = (len(devices) // model_parallelism, model_parallelism)
+  return jax.make_mesh(shape, (AXIS, MODEL_AXIS), axis_types=(AxisType.Auto,) * 2,
+                       devices=devices)
+
+
+def check_rules(rules) -> tuple:
+  """`rules` as ((logical axis, mesh axis | (mesh axes) | None), ...); one sentence if malformed."""
+  checked = []
+  for rule in rules:
+    if not isinstance(rule, (list, tuple)) or len(rule) != 2:
+      raise ValueError(f'parallel.logical_axis_rules holds {rule!r}; each rule is a pair '
+                       '(logical axis, mesh axis or None).')
+    name, axes = rule
+    if name not in LOGICAL_AXES:
+      raise ValueError(f'parallel.logical_axis_rules names the unknown logical axis {name!r}; '
+                       f'known: {", ".join(LOGICAL_AXES)}.')
+    axes = tuple(axes) if isinstance(axes, (list, tuple)) else axes
+    if not all(a in (AXIS, MODEL_AXIS) for a in (axes if isinstance(axes, tuple) else (axes,))
+               if a is not None):
+      raise ValueError(f'parallel.logical_axis_rules maps {name!r} to {axes!r}; allowed: '
+                       f"'{AXIS}', '{MODEL_AXIS}', a tuple of them or None.")
+    checked.append((name, axes))
+  return tuple(checked)
 
 
 def fsdp_spec(shape: tuple[int, ...], axis_size: int, min_size: int) -> P:
@@ -53,13 +120,49 @@ def fsdp_spec(shape: tuple[int, ...], axis_size: int, min_size: int) -> P:
   return P(*([None] * dim + [AXIS]))
 
 
-class Parallel:
-  """Places state and batches on the mesh and compiles the steps for one mode."""
+def _is_boxed(x) -> bool:
+  return isinstance(x, nn.Partitioned)
 
-  def __init__(self, mode: str, mesh: Mesh, fsdp_min_size: int = 1024):
+
+def unbox(tree):
+  """`tree` with every leaf boxed with axis names (`nn.Partitioned`) replaced by its value."""
+  return jax.tree.map(lambda x: x.value if _is_boxed(x) else x, tree, is_leaf=_is_boxed)
+
+
+def _no_rules_inside_dense_general(next_fun, args, kwargs, context):
+  """Calls `nn.DenseGeneral` without logical axis rules (flax issue #3676).
+
+  To check a kernel's shape, `DenseGeneral` evaluates its initialiser, which
+  unboxes the kernel in its flat 2-D shape; under a mesh and rules that applies
+  the constraint of a >2-D kernel's names (e.g. ('embed', 'heads', 'kv')) to a
+  2-D array and fails. DenseGeneral constrains no activation itself, so lifting
+  the rules inside it loses nothing: its callers constrain its outputs.
+  """
+  if isinstance(context.module, nn.DenseGeneral):
+    with nn.logical_axis_rules(()):
+      return next_fun(*args, **kwargs)
+  return next_fun(*args, **kwargs)
+
+
+class Parallel:
+  """Places state and batches on the mesh and compiles the steps for one mode.
+
+  The `init_fn` given to `abstract_state` and `init_state` may return leaves
+  boxed with logical axis names (`nn.LogicallyPartitioned`, see
+  `train.state.init_train_state(logical_axes=True)`): every mode unboxes them,
+  'tensor' also shards them by `logical_axis_rules` (default `MEGATRON_RULES`).
+  """
+
+  def __init__(self, mode: str, mesh: Mesh, fsdp_min_size: int = 1024,
+               logical_axis_rules=None):
     if mode not in MODES:
       raise ValueError(f'Unknown parallel.mode {mode!r}; allowed: {", ".join(MODES)}.')
+    if mode == 'tensor' and mesh.axis_names != (AXIS, MODEL_AXIS):
+      raise ValueError(f"parallel.mode='tensor' needs a mesh with axes ('{AXIS}', "
+                       f"'{MODEL_AXIS}') (make_mesh(..., model_parallelism)), got "
+                       f'{mesh.axis_names}.')
     self.mode, self.mesh, self.fsdp_min_size = mode, mesh, fsdp_min_size
+    self.rules = check_rules(MEGATRON_RULES if logical_axis_rules is None else logical_axis_rules)
     self.replicated = NamedSharding(mesh, P())
     self.batch_sharding = NamedSharding(mesh, P(AXIS))
     if mode == 'pmap':
@@ -70,30 +173,79 @@ class Parallel:
     return self.mesh.size
 
   @property
+  def data_size(self) -> int:
+    """How many ways the batch is split: the size of the 'data' axis."""
+    return self.mesh.shape[AXIS]
+
+  @property
   def axis_name(self) -> str | None:
     """The mapped axis the model must average batch statistics over, if any."""
     return AXIS if self.mode in ('shard_map', 'pmap') else None
 
+  @contextlib.contextmanager
+  def context(self):
+    """Where the steps trace: in 'tensor' mode the mesh and the logical axis rules, so the
+    models' `nn.with_logical_constraint`s take effect (elsewhere they stay no-ops)."""
+    if self.mode != 'tensor':
+      yield
+      return
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules), nn.intercept_methods(
+        _no_rules_inside_dense_general):
+      yield
+
   # State placement -------------------------------------------------------
 
-  def state_shardings(self, abstract_state):
-    """The canonical (checkpoint) sharding of every state leaf."""
+  def state_shardings(self, state):
+    """The canonical (checkpoint) sharding of every leaf of `state` (arrays or shapes, maybe
+    boxed with logical axis names); the tree it returns is unboxed."""
+    if self.mode == 'tensor':
+      return jax.tree_util.tree_map_with_path(self._logical_sharding, state, is_leaf=_is_boxed)
+    state = unbox(state)
     if self.mode != 'fsdp':
-      return jax.tree.map(lambda _: self.replicated, abstract_state)
+      return jax.tree.map(lambda _: self.replicated, state)
     return jax.tree.map(
         lambda x: NamedSharding(self.mesh, fsdp_spec(x.shape, self.mesh.size, self.fsdp_min_size)),
-        abstract_state)
+        state)
+
+  def _logical_sharding(self, path, x) -> NamedSharding:
+    """The 'tensor' sharding of one leaf: its logical names through the rules, else replicated."""
+    if isinstance(x, nn.LogicallyPartitioned):
+      spec = nn.logical_to_mesh_axes(x.names, self.rules)
+    elif _is_boxed(x):
+      spec = P(*x.names)
+    else:
+      return self.replicated
+    shape = x.value.shape
+    for dim, axes in enumerate(spec):
+      size = int(np.prod([self.mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else
+                                                      axes or ())]))
+      if shape[dim] % size:
+        name = jax.tree_util.keystr(path, simple=True, separator='/')
+        raise ValueError(
+            f'The mesh axis {axes!r} of size {size} does not divide dimension {dim} '
+            f'({x.names[dim]!r}, size {shape[dim]}) of {name}; choose a '
+            'parallel.model_parallelism that divides it or map '
+            f'{x.names[dim]!r} to None in parallel.logical_axis_rules.')
+    return NamedSharding(self.mesh, spec) if any(spec) else self.replicated
+
+  def _step_shardings(self, abstract_state):
+    """The shardings on this mesh that `abstract_state` carries (from `abstract_state`), else
+    the canonical shardings of its shapes."""
+    def carried(x, canonical):
+      sharding = getattr(x, 'sharding', None)
+      return sharding if isinstance(sharding, NamedSharding) and sharding.mesh == self.mesh else canonical
+    return jax.tree.map(carried, abstract_state, self.state_shardings(abstract_state))
 
   def abstract_state(self, init_fn: Callable, rng):
     """Shapes, dtypes and canonical shardings of the state, e.g. as a restore target."""
     shapes = jax.eval_shape(init_fn, rng)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        shapes, self.state_shardings(shapes))
+                        unbox(shapes), self.state_shardings(shapes))
 
   def init_state(self, init_fn: Callable, rng):
     """Runs `init_fn(rng)` directly into the canonical sharding (no host copy)."""
-    shardings = self.state_shardings(jax.eval_shape(init_fn, rng))
-    return jax.jit(init_fn, out_shardings=shardings)(rng)
+    shardings = jax.tree.map(lambda x: x.sharding, self.abstract_state(init_fn, rng))
+    return jax.jit(lambda r: unbox(init_fn(r)), out_shardings=shardings)(rng)
 
   def to_run_layout(self, state):
     """Canonical layout -> the layout the compiled step takes."""
@@ -125,29 +277,50 @@ class Parallel:
   # Compiled steps ---------------------------------------------------------
 
   def compile_train_step(self, train_step: Callable, abstract_state):
-    """`train_step(state, batch, axis_name=...)` compiled for this mode, donating the state."""
+    """`train_step(state, batch, axis_name=...)` compiled for this mode, donating the state.
+
+    `abstract_state` is `self.abstract_state(...)`: the step keeps its shardings.
+    In 'tensor' mode the step traces, and runs, inside `self.context()`.
+    """
     if self.mode == 'pmap':
       step = jax.pmap(functools.partial(train_step, axis_name=AXIS), axis_name=AXIS,
                       devices=self.local_devices, donate_argnums=0)
       return lambda state, batch: _first_replica_metrics(*step(state, batch))
-    shardings = self.state_shardings(abstract_state)
+    shardings = self._step_shardings(abstract_state)
     if self.mode == 'shard_map':
       train_step = jax.shard_map(functools.partial(train_step, axis_name=AXIS), mesh=self.mesh,
                                  in_specs=(P(), P(AXIS)), out_specs=(P(), P()), check_vma=False)
-    return jax.jit(train_step, in_shardings=(shardings, self.batch_sharding),
-                   out_shardings=(shardings, self.replicated), donate_argnums=0)
+    jitted = jax.jit(train_step, in_shardings=(shardings, self.batch_sharding),
+                     out_shardings=(shardings, self.replicated), donate_argnums=0)
+    return jitted if self.mode != 'tensor' else _InContext(jitted, self.context)
 
   def compile_eval_step(self, eval_step: Callable, abstract_state):
     """`eval_step(state, batch, index, axis_name=...)`; it takes the canonical state layout."""
-    shardings = self.state_shardings(abstract_state)
+    shardings = self._step_shardings(abstract_state)
     if self.mode in ('shard_map', 'pmap'):
       # pmap's eval also runs under shard_map on the canonical layout, so the
       # state need not be converted for every evaluation.
       eval_step = jax.shard_map(functools.partial(eval_step, axis_name=AXIS), mesh=self.mesh,
                                 in_specs=(P(), P(AXIS), P()), out_specs=P(), check_vma=False)
-    jitted = jax.jit(eval_step, in_shardings=(shardings, self.batch_sharding, self.replicated),
-                     out_shardings=self.replicated)
+    jitted = _InContext(jax.jit(eval_step, in_shardings=(shardings, self.batch_sharding,
+                                                         self.replicated),
+                                out_shardings=self.replicated), self.context)
     return lambda state, batch, index: jitted(state, self.global_batch(batch), index)
+
+
+class _InContext:
+  """A jitted step that traces, lowers and runs inside `context()`."""
+
+  def __init__(self, jitted, context):
+    self.jitted, self.context = jitted, context
+
+  def __call__(self, *args):
+    with self.context():
+      return self.jitted(*args)
+
+  def lower(self, *args):
+    with self.context():
+      return self.jitted.lower(*args)
 
 
 def _first_replica_metrics(state, metrics):

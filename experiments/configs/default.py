@@ -65,11 +65,22 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.boundaries = (0.5, 0.75)
   config.optimizer.decay_factor = 0.1
 
-  # mode: 'jit' (data parallel), 'fsdp', 'shard_map' or 'pmap'.
+  # mode: 'jit' (data parallel), 'fsdp', 'shard_map', 'pmap' or 'tensor' (Megatron-style
+  # tensor parallelism: jit on a ('data', 'model') mesh of (devices / model_parallelism) x
+  # model_parallelism devices; each parameter, its optimiser state and its EMA are split by
+  # the logical axis names its module declares, through logical_axis_rules; see
+  # train/parallel.py).
   config.parallel = ml_collections.ConfigDict()
   config.parallel.mode = 'jit'
   config.parallel.num_devices = config_dict.placeholder(int)  # all devices
   config.parallel.fsdp_min_size = 1024
+  # 'tensor' only: the size of the 'model' axis; it must divide the devices and every split
+  # dimension (the number of heads, the MLP width), else setup stops with one sentence.
+  config.parallel.model_parallelism = 1
+  # 'tensor' only: ((logical axis, 'data' | 'model' | None), ...); None: Megatron's
+  # (('batch', 'data'), ('heads', 'model'), ('mlp', 'model')) with embed, kv, length and
+  # vocab replicated (train/parallel.py MEGATRON_RULES).
+  config.parallel.logical_axis_rules = config_dict.placeholder(tuple)
 
   # Exponential moving average of the parameters, used for evaluation and
   # sampling when > 0 (e.g. 0.999).

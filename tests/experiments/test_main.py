@@ -52,8 +52,8 @@ def test_non_positive_learning_rate(config, tmp_path, lr):
 
 
 def test_unknown_parallel_mode(config, tmp_path):
-  config.parallel.mode = 'tensor'
-  assert "'tensor'" in _setup_error(config, tmp_path / 'w')
+  config.parallel.mode = 'pipeline'
+  assert "'pipeline'" in _setup_error(config, tmp_path / 'w')
 
 
 def test_unwritable_workdir(config, tmp_path):
