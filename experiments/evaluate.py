@@ -47,10 +47,7 @@ def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None 
     config.eval_batch_size = batch_size
   _, eval_source, _, task, model = loop.build_parts(config, workdir)
   saved = checkpoint.restore_arrays(workdir)
-  state = jax.device_put(state_lib.TrainState(
-      step=saved['step'], params=saved['params'], opt_state=None,
-      model_state=saved.get('model_state') or {}, rng=saved['rng'],
-      ema_params=saved.get('ema_params')))
+  state = state_lib.from_saved_arrays(saved)
   run = loop.Run(config=config, workdir=workdir, parallel=None, model=model, task=task, tx=None,
                  learning_rate_fn=None, init_fn=None, rng=None, train_source=None,
                  eval_source=eval_source, checkpointer=None)

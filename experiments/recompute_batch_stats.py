@@ -63,10 +63,7 @@ def recompute(workdir: str, *, examples: int | None = None, max_passes: int | No
                      'layer, so there are no batch statistics to recompute.')
 
   saved = checkpoint.restore_arrays(workdir)
-  state = jax.device_put(state_lib.TrainState(
-      step=saved['step'], params=saved['params'], opt_state=None,
-      model_state=saved.get('model_state') or {}, rng=saved['rng'],
-      ema_params=saved.get('ema_params')))
+  state = state_lib.from_saved_arrays(saved)
   run = loop.Run(config=config, workdir=workdir, parallel=None, model=model, task=task, tx=None,
                  learning_rate_fn=None, init_fn=None, rng=None, train_source=train_source,
                  eval_source=eval_source, checkpointer=None)

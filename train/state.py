@@ -96,3 +96,12 @@ def _mirror_boxes(tree, boxed_params):
                         boxed_params, node, is_leaf=_is_box)
 
   return jax.tree.map(rebox, tree, is_leaf=like_params)
+
+
+def from_saved_arrays(saved: dict) -> TrainState:
+  """The evaluation view of a checkpoint read by `checkpoint.restore_arrays`: its
+  parameters, EMA, model state, key and step on the device, without optimiser state."""
+  return jax.device_put(TrainState(
+      step=saved['step'], params=saved['params'], opt_state=None,
+      model_state=saved.get('model_state') or {}, rng=saved['rng'],
+      ema_params=saved.get('ema_params')))
