@@ -129,21 +129,6 @@ def unbox(tree):
   return jax.tree.map(lambda x: x.value if _is_boxed(x) else x, tree, is_leaf=_is_boxed)
 
 
-def _no_rules_inside_dense_general(next_fun, args, kwargs, context):
-  """Calls `nn.DenseGeneral` without logical axis rules (flax issue #3676).
-
-  To check a kernel's shape, `DenseGeneral` evaluates its initialiser, which
-  unboxes the kernel in its flat 2-D shape; under a mesh and rules that applies
-  the constraint of a >2-D kernel's names (e.g. ('embed', 'heads', 'kv')) to a
-  2-D array and fails. DenseGeneral constrains no activation itself, so lifting
-  the rules inside it loses nothing: its callers constrain its outputs.
-  """
-  if isinstance(context.module, nn.DenseGeneral):
-    with nn.logical_axis_rules(()):
-      return next_fun(*args, **kwargs)
-  return next_fun(*args, **kwargs)
-
-
 class Parallel:
   """Places state and batches on the mesh and compiles the steps for one mode.
 
@@ -189,8 +174,7 @@ class Parallel:
     if self.mode != 'tensor':
       yield
       return
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules), nn.intercept_methods(
-        _no_rules_inside_dense_general):
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       yield
 
   # State placement -------------------------------------------------------

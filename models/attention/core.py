@@ -100,8 +100,44 @@ def attention_weights(q_BxTxNxH, k_BxSxNxH, *, mask=None, bias=None, causal: boo
   return jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
 
 
-def _dense_init(names):
-  return nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
+class HeadProjection(nn.Module):
+  """x W + b per head: [B, T, D] → [B, T, N, H] with a kernel [D, N, H] and a bias [N, H]."""
+  num_heads: int
+  head_dim: int
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD):
+    # Fan-in D, as if the kernel were the [D, N·H] matrix it is.
+    init = nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))
+    kernel_DxNxH = self.param('kernel', nn.with_logical_partitioning(init, ('embed', 'heads', 'kv')),
+                              (x_BxTxD.shape[-1], self.num_heads, self.head_dim), jnp.float32)
+    y_BxTxNxH = jnp.einsum('btd,dnh->btnh', x_BxTxD.astype(self.dtype), kernel_DxNxH.astype(self.dtype))
+    if self.use_bias:
+      bias_NxH = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros, ('heads', 'kv')),
+                            (self.num_heads, self.head_dim), jnp.float32)
+      y_BxTxNxH = y_BxTxNxH + bias_NxH.astype(self.dtype)
+    return y_BxTxNxH
+
+
+class HeadMerge(nn.Module):
+  """Σ_n o_n W_n + b: the heads [B, T, N, H] → [B, T, D′] with a kernel [N, H, D′] (W^O)."""
+  features: int
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, o_BxTxNxH):
+    init = nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2)
+    kernel_NxHxD = self.param('kernel', nn.with_logical_partitioning(init, ('heads', 'kv', 'embed')),
+                              (*o_BxTxNxH.shape[-2:], self.features), jnp.float32)
+    y_BxTxD = jnp.einsum('btnh,nhd->btd', o_BxTxNxH.astype(self.dtype), kernel_NxHxD.astype(self.dtype))
+    if self.use_bias:
+      bias_D = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
+                          (self.features,), jnp.float32)
+      y_BxTxD = y_BxTxD + bias_D.astype(self.dtype)
+    return y_BxTxD
 
 
 class MultiHeadAttention(nn.Module):
@@ -143,11 +179,7 @@ class MultiHeadAttention(nn.Module):
   dtype: Any = jnp.float32
 
   def _project(self, x, name, head_dim):
-    return nn.DenseGeneral((self.num_heads, head_dim), use_bias=self.use_bias, dtype=self.dtype,
-                           param_dtype=jnp.float32, kernel_init=_dense_init(('embed', 'heads', 'kv')),
-                           bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                                                  ('heads', 'kv')),
-                           name=name)(x)
+    return HeadProjection(self.num_heads, head_dim, self.use_bias, self.dtype, name=name)(x)
 
   @nn.compact
   def __call__(self, x_q_BxTxD, x_kv_BxSxD=None, *, mask=None, causal: bool = False,
@@ -200,9 +232,5 @@ class MultiHeadAttention(nn.Module):
       bias = bias[None]
     out_BxTxNxH = dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask, bias=bias,
                                         causal=causal)
-    out = nn.DenseGeneral(self.out_features or width, axis=(-2, -1), use_bias=self.use_bias,
-                          dtype=self.dtype, param_dtype=jnp.float32,
-                          kernel_init=_dense_init(('heads', 'kv', 'embed')),
-                          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
-                          name='out')(out_BxTxNxH)
+    out = HeadMerge(self.out_features or width, self.use_bias, self.dtype, name='out')(out_BxTxNxH)
     return nn.with_logical_constraint(out, ('batch', 'length', 'embed'))
