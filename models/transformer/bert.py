@@ -105,7 +105,7 @@ class BERT(nn.Module):
         raise ValueError(f'BERT segment ids of shape {segments_BxT.shape} must match the tokens '
                          f'of shape {tokens_BxT.shape}.')
     embed = TokenEmbedding(self.num_embeddings, self.features, self.dtype, name='token_embed')
-    x_BxTxD = embed_positions(self, embed(tokens_BxT))
+    x_BxTxD = embed_positions(embed(tokens_BxT), self.positions, self.max_length)
     if self.num_segments:
       if segments_BxT is None:
         segments_BxT = jnp.zeros_like(tokens_BxT)

@@ -43,7 +43,7 @@ from models.transformer.gpt import check_transformer_options, embed_positions
 def _embed(module, embed: TokenEmbedding, tokens_BxT, start, train):
   """√D·E[tokens] + P[start …], then dropout (Vaswani et al. 2017, §3.4, §3.5, §5.4)."""
   x_BxTxD = embed(tokens_BxT) * jnp.sqrt(module.features).astype(module.dtype)
-  x_BxTxD = embed_positions(module, x_BxTxD, start)
+  x_BxTxD = embed_positions(x_BxTxD, module.positions, module.max_length, start)
   x_BxTxD = nn.Dropout(module.dropout_rate, deterministic=not train)(x_BxTxD)
   return nn.with_logical_constraint(x_BxTxD, ('batch', 'length', 'embed'))
 

@@ -42,22 +42,23 @@ def check_transformer_options(name: str, module, vocab_size: int | None = None) 
     raise ValueError(f'{name} vocab_size must be a positive integer, got {vocab_size!r}.')
 
 
-def embed_positions(module, x_BxTxD, start=0):
-  """x plus the additive position embedding of positions start … start+T−1 (if any).
+def embed_positions(x_BxTxD, positions: str, max_length: int, start=0):
+  """x plus the additive position embedding (scheme `positions`) of positions
+  start … start+T−1, if the scheme adds one; call it inside a compact method (a learned
+  table becomes the caller's submodule 'position_embed').
 
   Only the learned table stops at max_length; sinusoidal positions are a formula
   and extend to any length (an evaluation on windows longer than the training's).
   """
   steps, width = x_BxTxD.shape[1:]
-  if module.positions == 'learned' and steps > module.max_length:
-    raise ValueError(f'{type(module).__name__}: {steps} positions exceed max_length='
-                     f'{module.max_length} of its learned position embedding; give at most '
-                     f'{module.max_length} or raise max_length.')
+  if positions == 'learned' and steps > max_length:
+    raise ValueError(f'{steps} positions exceed max_length={max_length} of the learned '
+                     f'position embedding; give at most {max_length} or raise max_length.')
   positions_T = start + jnp.arange(steps)
-  if module.positions == 'sinusoidal':
+  if positions == 'sinusoidal':
     return x_BxTxD + positions_lib.sinusoidal(positions_T, width).astype(x_BxTxD.dtype)
-  if module.positions == 'learned':
-    table = positions_lib.LearnedPositions(module.max_length, width, name='position_embed')
+  if positions == 'learned':
+    table = positions_lib.LearnedPositions(max_length, width, name='position_embed')
     return x_BxTxD + table(positions_T).astype(x_BxTxD.dtype)
   return x_BxTxD
 
@@ -113,7 +114,7 @@ class GPT(nn.Module):
       if is_initialized:
         start = position.value
         position.value = start + tokens_BxT.shape[1]
-    x_BxTxD = embed_positions(self, x_BxTxD, start)
+    x_BxTxD = embed_positions(x_BxTxD, self.positions, self.max_length, start)
     x_BxTxD = nn.Dropout(self.dropout_rate, deterministic=not train)(x_BxTxD)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ('batch', 'length', 'embed'))
     positions = self.positions if self.positions in IN_ATTENTION else 'none'

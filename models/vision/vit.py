@@ -17,7 +17,7 @@ x_class is a learned token whose final state z_L^0 summarises the image. With
 with kernel = stride = P, the same map on every patch.
 """
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -27,13 +27,6 @@ from models.transformer.blocks import TransformerBlock, layer_norm
 from models.transformer.gpt import check_transformer_options, embed_positions
 
 POOLS = ('cls', 'mean')
-
-
-class _TokenPositions(NamedTuple):
-  """What `embed_positions` reads from a model: the scheme and the table's size,
-  here exactly one row per token (the patches, plus the class token)."""
-  positions: str
-  max_length: int
 
 
 class ViT(nn.Module):
@@ -98,7 +91,7 @@ class ViT(nn.Module):
           nn.initializers.zeros, (None, None, 'embed')), (1, 1, self.features))
       x_class_Bx1xD = jnp.broadcast_to(x_class_1x1xD, (batch, 1, self.features))
       x_BxNxD = jnp.concatenate([x_class_Bx1xD.astype(self.dtype), x_BxNxD], axis=1)
-    x_BxNxD = embed_positions(_TokenPositions(self.positions, x_BxNxD.shape[1]), x_BxNxD)
+    x_BxNxD = embed_positions(x_BxNxD, self.positions, x_BxNxD.shape[1])
     x_BxNxD = nn.Dropout(self.dropout_rate, deterministic=not train)(x_BxNxD)
     x_BxNxD = nn.with_logical_constraint(x_BxNxD, ('batch', 'length', 'embed'))
 

@@ -172,7 +172,7 @@ def test_learned_positions_beyond_max_length_raise_and_sinusoidal_extrapolate():
   too_long = jnp.zeros((1, MAX_LENGTH + 1), jnp.int32)
   model = tiny_gpt(num_layers=1, positions='learned')
   with pytest.raises(ValueError, match=f'{MAX_LENGTH + 1} positions exceed max_length={MAX_LENGTH}'
-                                       ' of its learned position embedding'):
+                                       ' of the learned position embedding'):
     jax.eval_shape(model.init, jax.random.PRNGKey(0), too_long)
   with pytest.raises(ValueError, match=f'exceed max_length={MAX_LENGTH}'):
     jax.eval_shape(functools.partial(model.init, decode=True), jax.random.PRNGKey(0), too_long)
