@@ -18,12 +18,7 @@ from experiments.configs import fashion_mnist_resnet
 
 
 def get_config():
-  config = default.get_config()
-  config.data.name = 'fashion_mnist'
-  config.task.input_key = 'image'
-  config.task.input_scale = 1 / 255
-  config.task.input_mean = fashion_mnist_resnet.FASHION_MNIST_MEAN
-  config.task.input_std = fashion_mnist_resnet.FASHION_MNIST_STD
+  config = fashion_mnist_resnet.set_normalised_images(default.get_config())
   config.model = ml_collections.ConfigDict({'name': 'lenet5', 'activation': 'relu', 'padding': 2,
                                             'dtype': 'float32'})
   config.optimizer.name = 'adamw'

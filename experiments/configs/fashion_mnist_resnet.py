@@ -25,13 +25,19 @@ FASHION_MNIST_STD = (0.3530,)
 STEPS_PER_EPOCH = 468  # 60,000 // 128
 
 
-def get_config():
-  config = default.get_config()
+def set_normalised_images(config):
+  """Reads Fashion-MNIST images scaled to [0, 1] and normalised by the training set's pixel
+  mean and standard deviation (shared by the convolutional and ViT configs)."""
   config.data.name = 'fashion_mnist'
   config.task.input_key = 'image'
   config.task.input_scale = 1 / 255
   config.task.input_mean = FASHION_MNIST_MEAN
   config.task.input_std = FASHION_MNIST_STD
+  return config
+
+
+def get_config():
+  config = set_normalised_images(default.get_config())
   config.task.augment = ({'name': 'random_crop', 'padding': 2}, {'name': 'horizontal_flip'})
   config.model = ml_collections.ConfigDict({'name': 'resnet20', 'num_classes': 10, 'dtype': 'float32'})
   config.optimizer.name = 'momentum'

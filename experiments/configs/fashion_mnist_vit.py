@@ -1,20 +1,23 @@
-r"""A small Vision Transformer (Dosovitskiy et al. 2021) on Fashion-MNIST, sized for ~25 minutes
+r"""A small Vision Transformer (Dosovitskiy et al. 2021) on Fashion-MNIST, sized for ~45 minutes
 on two CPU cores.
 
 ViT with 4×4 patches (the 28×28 image becomes 7×7 = 49 tokens), width 64, 4 pre-LN blocks of
 4 heads and an MLP of 128 (2·D), learned position embeddings and the mean of the final
 tokens as the image representation (the "global average pooling" head, which Beyer et al.
 2022, "Better plain ViT baselines for ImageNet-1k", found to train better than the class
-token); about 140k parameters. The encoder has no convolutional prior, so the data get mild
-augmentation (random crops of the image padded by 2 pixels, horizontal flips) and the
-targets label smoothing 0.1; AdamW (decoupled decay 0.05 on the kernels and the position
-table, not on biases and LayerNorms), global-norm clipping at 1 as in the paper,
-one epoch of warm-up to 1e-3 and a cosine decay, batch 128, 10 epochs.
+token); about 140k parameters. Horizontal flips and label smoothing 0.1; AdamW (decoupled
+decay 0.05 on the kernels and the position table, not on biases and LayerNorms),
+global-norm clipping at 1 as in the paper, one epoch of warm-up to 1e-3 and a cosine decay,
+batch 128, 20 epochs.
+
+A model this small underfits Fashion-MNIST rather than overfits it: trained for 10 epochs
+with random crops (padding 2) as well as flips it reached 87.07% test accuracy with 87.1%
+training accuracy on the augmented data, hence twice the epochs and no crops.
 
 Budget: 6.2 GFLOPs per train step by XLA's count (≈ 3 × 128 × the forward pass of
 2·49·(4·64² + 2·64·128 + 2·49·64)·4 layers = 15 MFLOPs per example); about 0.25–0.33 s per
-step on this machine (measured as CPU time per step: 0.33 s on one core), so 4,680 steps take
-~20–26 minutes plus ~1–2 minutes of compilation.
+step on this machine (measured as CPU time per step: 0.33 s on one core), so 9,360 steps take
+~40–50 minutes plus ~1–2 minutes of compilation.
 
   python -m experiments.main --config=experiments/configs/fashion_mnist_vit.py \
       --workdir=workdirs/fashion_mnist_vit
@@ -27,18 +30,13 @@ import ml_collections
 from experiments.configs import default
 from experiments.configs import fashion_mnist_resnet
 
-EPOCHS = 10
+EPOCHS = 20
 STEPS_PER_EPOCH = fashion_mnist_resnet.STEPS_PER_EPOCH
 
 
 def get_config():
-  config = default.get_config()
-  config.data.name = 'fashion_mnist'
-  config.task.input_key = 'image'
-  config.task.input_scale = 1 / 255
-  config.task.input_mean = fashion_mnist_resnet.FASHION_MNIST_MEAN
-  config.task.input_std = fashion_mnist_resnet.FASHION_MNIST_STD
-  config.task.augment = ({'name': 'random_crop', 'padding': 2}, {'name': 'horizontal_flip'})
+  config = fashion_mnist_resnet.set_normalised_images(default.get_config())
+  config.task.augment = ({'name': 'horizontal_flip'},)
   config.task.label_smoothing = 0.1
   config.model = ml_collections.ConfigDict({
       'name': 'vit', 'patch_size': 4, 'features': 64, 'num_layers': 4, 'num_heads': 4,
@@ -55,6 +53,6 @@ def get_config():
   config.eval_batch_size = 1000
   config.num_train_steps = EPOCHS * STEPS_PER_EPOCH
   config.log_every_steps = 100
-  config.eval_every_steps = 2 * STEPS_PER_EPOCH
+  config.eval_every_steps = 4 * STEPS_PER_EPOCH
   config.checkpoint_every_steps = STEPS_PER_EPOCH
   return config

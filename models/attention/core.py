@@ -159,7 +159,8 @@ class MultiHeadAttention(nn.Module):
   from the input length L; each later call takes the next S ≥ 1 inputs, writes
   their keys and values at the cache index and attends over every cached
   position up to its own. The cost per token is O(L) instead of recomputing
-  the prefix.
+  the prefix. A call that would write past the cache's end returns NaN (the
+  index is a traced value, so it cannot raise inside jit).
 
   Attributes:
     num_heads: N.
@@ -216,7 +217,15 @@ class MultiHeadAttention(nn.Module):
     if self.positions == 'rotary':
       q_BxTxNxH = positions_lib.rotate(q_BxTxNxH, q_positions, self.rotary_base)
       k_BxSxNxH = positions_lib.rotate(k_BxSxNxH, k_positions, self.rotary_base)
+    overflow = False
     if decode and is_initialized:
+      cache_length = cached_k.value.shape[1]
+      if steps > cache_length:
+        raise ValueError(f'MultiHeadAttention: {steps} decoding steps in one call exceed the '
+                         f'cache length {cache_length} set at init; init with a longer input.')
+      # The index is traced, so running past the cache cannot raise here; and
+      # dynamic_update_slice would clamp the write silently. Poison the output instead.
+      overflow = offset + steps > cache_length
       # Write this call's keys and values at the cache index; attend over the whole cache.
       start = (0, offset, 0, 0)
       cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BxSxNxH, start)
@@ -232,5 +241,6 @@ class MultiHeadAttention(nn.Module):
       bias = bias[None]
     out_BxTxNxH = dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask, bias=bias,
                                         causal=causal)
+    out_BxTxNxH = jnp.where(overflow, jnp.nan, out_BxTxNxH).astype(out_BxTxNxH.dtype)
     out = HeadMerge(self.out_features or width, self.use_bias, self.dtype, name='out')(out_BxTxNxH)
     return nn.with_logical_constraint(out, ('batch', 'length', 'embed'))

@@ -363,3 +363,28 @@ def test_multi_head_attention_cache_matches_the_full_causal_pass(positions):
     np.testing.assert_allclose(out, full, rtol=1e-5, atol=1e-5,
                                err_msg=f'first chunk {first_chunk}')
   assert int(cache_index) == 6
+
+
+def test_multi_head_attention_cache_refuses_to_run_past_its_end():
+  """The cache holds 4 positions: a call of 5 steps raises; inside jit, a call that starts
+  at 3 with 2 steps (positions 3 and 4) returns NaN rather than silently clamping the write;
+  the call that exactly fills the cache stays finite."""
+  module = core.MultiHeadAttention(2)
+  x = draw((1, 4, 8), 23)
+  variables = module.init(jax.random.PRNGKey(0), x, causal=True, decode=True)
+  params, cache = variables['params'], variables['cache']
+  with pytest.raises(ValueError, match='5 decoding steps in one call exceed the cache length 4'):
+    module.apply({'params': params, 'cache': cache}, draw((1, 5, 8), 24), causal=True,
+                 decode=True, mutable=['cache'])
+
+  @jax.jit
+  def decode(cache, x_BxSxD):
+    return module.apply({'params': params, 'cache': cache}, x_BxSxD, causal=True, decode=True,
+                        mutable=['cache'])
+
+  out, mutated = decode(cache, x[:, :3])
+  assert np.isfinite(out).all()
+  past_end, _ = decode(mutated['cache'], x[:, :2])
+  assert np.isnan(past_end).all()
+  filled, _ = decode(mutated['cache'], x[:, 3:])
+  assert np.isfinite(filled).all()
