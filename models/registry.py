@@ -55,8 +55,8 @@ def build(name: str, batch_norm_axis_name: str | None = None,
   unknown = sorted(set(options) - fields)
   if unknown:
     raise ValueError(f'Model {name!r} has no option {unknown[0]!r}; allowed: {", ".join(sorted(fields))}.')
-  # Sequences become tuples (a config read back from JSON holds lists), so that
-  # the module is hashable, e.g. as a static argument of `jit`.
+  # Sequences become tuples (a config read back from JSON holds lists) and mappings sorted
+  # (key, value) pairs, so that the module is hashable, e.g. as a static argument of `jit`.
   options = {key: _as_tuples(value) for key, value in options.items()}
   for key, value in (data_defaults or {}).items():
     if key not in fields:
@@ -86,4 +86,8 @@ def compute_dtype(value) -> jnp.dtype:
 
 
 def _as_tuples(value):
-  return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+  if isinstance(value, (list, tuple)):
+    return tuple(_as_tuples(v) for v in value)
+  if isinstance(value, Mapping) or hasattr(value, 'to_dict'):  # a dict or a ConfigDict
+    return tuple(sorted((key, _as_tuples(v)) for key, v in dict(value).items()))
+  return value

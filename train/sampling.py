@@ -182,8 +182,10 @@ def model_context(model) -> int | None:
 
 
 def supports_cache(model) -> bool:
-  """Whether `model` takes `decode=True`, the cache protocol `generate` uses."""
-  return 'decode' in inspect.signature(type(model).__call__).parameters
+  """Whether `model` takes `decode=True`, the cache protocol `generate` uses (and does not
+  say otherwise in a `has_cache` attribute, as a GPT with linear attention does)."""
+  return ('decode' in inspect.signature(type(model).__call__).parameters
+          and getattr(model, 'has_cache', True))
 
 
 def generate_text(model, variables, tokenizer, prompt: str, key, *, num_samples: int,

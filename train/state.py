@@ -44,7 +44,7 @@ def init_variables(model: nn.Module, task: base.Task, rng: jnp.ndarray, example_
   with `unbox=False`, stay in their `nn.LogicallyPartitioned` boxes.
   """
   init_rng, stream_rng = jax.random.split(rng)
-  rngs = {'params': init_rng, **{name: base.stream_key(stream_rng, name) for name in task.rng_streams}}
+  rngs = {'params': init_rng, **base.stream_keys(stream_rng, task, model)}
   variables = model.init(rngs, *task.model_inputs(example_batch), train=False, method=task.method)
   if unbox:
     variables = nn.unbox(variables)

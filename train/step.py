@@ -51,10 +51,6 @@ def sum_metrics(metrics: base.Metrics, batch_size: int, mask_B=None) -> dict:
   return sums
 
 
-def _stream_keys(task: base.Task, key: jax.Array) -> dict:
-  return {name: base.stream_key(key, name) for name in task.rng_streams}
-
-
 def _device_key(key: jax.Array, axis_name: str | None) -> jax.Array:
   # Under shard_map/pmap each device draws its own masks and augmentations.
   return key if axis_name is None else jax.random.fold_in(key, jax.lax.axis_index(axis_name))
@@ -85,7 +81,7 @@ def train_step(state: TrainState, batch: dict, *, model, task: base.Task,
   stop_B = batch.pop('stop_requested', None)
 
   def micro_step(model_state, micro_batch, key):
-    rngs = _stream_keys(task, key)
+    rngs = base.stream_keys(key, task, model)
     micro_batch = task.transform(rngs, micro_batch, True)
 
     def loss_total(params):
@@ -162,7 +158,7 @@ def eval_step(state: TrainState, batch: dict, index, *, model, task: base.Task,
   streams, so every batch draws fresh streams and a rerun draws the same.
   """
   key = jax.random.fold_in(jax.random.fold_in(state.rng, _EVAL_STREAM), index)
-  rngs = _stream_keys(task, _device_key(key, axis_name))
+  rngs = base.stream_keys(_device_key(key, axis_name), task, model)
   batch = task.transform(rngs, batch, False)
   bound = base.BoundModel(model, state.eval_params, state.model_state, rngs, train=False,
                           axis_name=axis_name)

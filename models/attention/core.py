@@ -18,6 +18,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+# kinds and core import each other; each uses the other only inside calls.
+from models.attention import kinds
 from models.attention import positions as positions_lib
 
 # Position schemes applied inside attention (the others add to the embeddings).
@@ -168,6 +170,10 @@ class MultiHeadAttention(nn.Module):
     out_features: D′ (default: the input width).
     positions: 'none', 'rotary' or 'alibi'.
     rotary_base: the base b of the rotary frequencies b^(−2i/H).
+    attention: the kind of attention over the projected q, k, v (models/attention/kinds.py:
+      'exact', 'chunked', 'linear', 'performer', 'linformer', 'local', 'strided', 'fixed').
+    attention_options: that kind's options, (name, value) pairs or a mapping.
+    max_length: the longest input (the length Linformer's projections are made for).
     use_bias: biases on the projections.
     dtype: compute dtype; parameters stay float32.
   """
@@ -176,6 +182,9 @@ class MultiHeadAttention(nn.Module):
   out_features: int | None = None
   positions: str = 'none'
   rotary_base: float = 10_000.0
+  attention: str = 'exact'
+  attention_options: Any = ()
+  max_length: int | None = None
   use_bias: bool = True
   dtype: Any = jnp.float32
 
@@ -184,7 +193,7 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_q_BxTxD, x_kv_BxSxD=None, *, mask=None, causal: bool = False,
-               decode: bool = False):
+               decode: bool = False, train: bool = False):
     width = x_q_BxTxD.shape[-1]
     if width % self.num_heads and self.head_dim is None:
       raise ValueError(f'MultiHeadAttention: width {width} is not divisible by num_heads='
@@ -197,6 +206,11 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f'positions={self.positions!r} applies to self-attention only.')
     if decode and (cross or not causal):
       raise ValueError('decode=True needs causal self-attention.')
+    kinds.check('MultiHeadAttention', self.attention, self.attention_options, causal=causal,
+                positions=self.positions)
+    if decode and self.attention not in kinds.CACHED:
+      raise ValueError(f'attention={self.attention!r} has no key/value cache (only '
+                       f'{", ".join(kinds.CACHED)} do); generate without the cache.')
     head_dim = self.head_dim or width // self.num_heads
     x_kv_BxSxD = x_q_BxTxD if x_kv_BxSxD is None else x_kv_BxSxD
     constrain = lambda a: nn.with_logical_constraint(a, ('batch', 'length', 'heads', 'kv'))
@@ -239,8 +253,10 @@ class MultiHeadAttention(nn.Module):
     if self.positions == 'alibi':
       bias = positions_lib.alibi_bias(self.num_heads, q_positions, k_positions, causal=causal or decode)
       bias = bias[None]
-    out_BxTxNxH = dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask, bias=bias,
-                                        causal=causal)
+    # Over the cache, every cached kind is exact attention (one query against L keys).
+    kind = 'exact' if decode else self.attention
+    out_BxTxNxH = kinds.Attend(kind, self.attention_options, self.max_length, name='attend')(
+        q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask, bias=bias, causal=causal, train=train)
     out_BxTxNxH = jnp.where(overflow, jnp.nan, out_BxTxNxH).astype(out_BxTxNxH.dtype)
     out = HeadMerge(self.out_features or width, self.use_bias, self.dtype, name='out')(out_BxTxNxH)
     return nn.with_logical_constraint(out, ('batch', 'length', 'embed'))

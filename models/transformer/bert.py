@@ -26,6 +26,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.attention import kinds
 from models.attention.core import IN_ATTENTION, key_mask
 from models.transformer.blocks import TokenEmbedding, TransformerBlock, layer_norm
 from models.transformer.gpt import check_transformer_options, embed_positions
@@ -58,6 +59,8 @@ class BERT(nn.Module):
     max_length: the longest sequence (the learned table's size; sinusoidal,
       ALiBi and rotary positions extrapolate beyond it).
     positions: 'learned' (BERT), 'sinusoidal', 'alibi', 'rotary' or 'none'.
+    attention: the self-attention's kind (models/attention/kinds.py), default 'exact'.
+    attention_options: that kind's options, e.g. {'num_features': 128} for 'performer'.
     dropout_rate: dropout on the embeddings and after every sub-layer (0.1 in BERT).
     pre_norm: pre-LN blocks and a final LayerNorm; False: post-LN, as BERT.
     use_bias: biases in the projections and LayerNorms (the output bias c is always kept).
@@ -72,6 +75,8 @@ class BERT(nn.Module):
   mlp_dim: int | None = None
   max_length: int = 512
   positions: str = 'learned'
+  attention: str = 'exact'
+  attention_options: Any = ()
   dropout_rate: float = 0.1
   pre_norm: bool = False
   use_bias: bool = True
@@ -92,6 +97,11 @@ class BERT(nn.Module):
   def num_embeddings(self) -> int:
     """V + num_special_tokens: the rows of the token embedding and the width of the logits."""
     return self.vocab_size + self.num_special_tokens
+
+  @property
+  def rng_streams(self) -> tuple[str, ...]:
+    """Random streams the model draws from while training, besides dropout."""
+    return kinds.stream_names(self.attention)
 
   @nn.compact
   def __call__(self, tokens_BxT, segments_BxT=None, *, train: bool = False):
@@ -123,7 +133,10 @@ class BERT(nn.Module):
     for layer in range(self.num_layers):
       x_BxTxD = TransformerBlock(self.num_heads, self.mlp_dim or 4 * self.features,
                                  self.dropout_rate, self.pre_norm, causal=False, positions=positions,
-                                 use_bias=self.use_bias, dtype=self.dtype,
+                                 attention=self.attention,
+                                 attention_options=self.attention_options,
+                                 max_length=self.max_length, use_bias=self.use_bias,
+                                 dtype=self.dtype,
                                  name=f'block{layer}')(x_BxTxD, mask=mask, train=train)
     if self.pre_norm:
       x_BxTxD = layer_norm(self.use_bias, 'final_norm')(x_BxTxD)

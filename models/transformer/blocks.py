@@ -56,7 +56,8 @@ class TransformerBlock(nn.Module):
   `__call__(x, memory=None, *, mask=None, memory_mask=None, train, decode)`:
   `mask` [B, 1 | N, T, T] restricts self-attention (padding), `causal` makes it
   causal, `memory` [B, S, D] is what cross-attention reads and `memory_mask`
-  [B, 1, 1, S] its valid positions.
+  [B, 1, 1, S] its valid positions. `attention` and `attention_options` choose the
+  self-attention's kind (models/attention/kinds.py); cross-attention is exact.
   """
   num_heads: int
   mlp_dim: int
@@ -65,6 +66,9 @@ class TransformerBlock(nn.Module):
   causal: bool = False
   cross_attention: bool = False
   positions: str = 'none'
+  attention: str = 'exact'
+  attention_options: Any = ()
+  max_length: int | None = None
   use_bias: bool = True
   dtype: Any = jnp.float32
 
@@ -78,15 +82,19 @@ class TransformerBlock(nn.Module):
         return x + drop(f(layer_norm(self.use_bias, f'{name}_norm')(x)))
       return layer_norm(self.use_bias, f'{name}_norm')(x + drop(f(x)))
 
-    attention = lambda positions, name: MultiHeadAttention(
-        self.num_heads, positions=positions, use_bias=self.use_bias, dtype=self.dtype, name=name)
-    x_BxTxD = sublayer(x_BxTxD, lambda h: attention(self.positions, 'self_attention')(
-        h, mask=mask, causal=self.causal, decode=decode), 'self_attention')
+    self_attention = MultiHeadAttention(
+        self.num_heads, positions=self.positions, attention=self.attention,
+        attention_options=self.attention_options, max_length=self.max_length,
+        use_bias=self.use_bias, dtype=self.dtype, name='self_attention')
+    x_BxTxD = sublayer(x_BxTxD, lambda h: self_attention(
+        h, mask=mask, causal=self.causal, decode=decode, train=train), 'self_attention')
     if self.cross_attention:
       if memory_BxSxD is None:
         raise ValueError('A decoder block with cross_attention needs the encoder memory.')
-      x_BxTxD = sublayer(x_BxTxD, lambda h: attention('none', 'cross_attention')(
-          h, memory_BxSxD, mask=memory_mask), 'cross_attention')
+      cross_attention = MultiHeadAttention(self.num_heads, use_bias=self.use_bias,
+                                           dtype=self.dtype, name='cross_attention')
+      x_BxTxD = sublayer(x_BxTxD, lambda h: cross_attention(h, memory_BxSxD, mask=memory_mask),
+                         'cross_attention')
     x_BxTxD = sublayer(x_BxTxD, FeedForward(self.mlp_dim, self.use_bias, self.dtype, name='mlp'),
                        'mlp')
     return nn.with_logical_constraint(x_BxTxD, ('batch', 'length', 'embed'))

@@ -14,13 +14,16 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.attention import kinds
 from models.attention import positions as positions_lib
 from models.attention.core import IN_ATTENTION
 from models.transformer.blocks import TokenEmbedding, TransformerBlock, layer_norm
 
 
-def check_transformer_options(name: str, module, vocab_size: int | None = None) -> None:
-  """One sentence per option of a Transformer config that cannot work."""
+def check_transformer_options(name: str, module, vocab_size: int | None = None,
+                              causal: bool = False) -> None:
+  """One sentence per option of a Transformer config that cannot work (`causal`: whether the
+  model's self-attention is, which some attention kinds cannot be)."""
   for option in ('num_layers', 'features', 'num_heads', 'mlp_dim', 'max_length'):
     value = getattr(module, option, 1)
     if option == 'mlp_dim' and value is None:  # the default 4·D
@@ -40,6 +43,8 @@ def check_transformer_options(name: str, module, vocab_size: int | None = None) 
     raise ValueError(f'{name} dropout_rate must lie in [0, 1), got {module.dropout_rate}.')
   if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size < 1):
     raise ValueError(f'{name} vocab_size must be a positive integer, got {vocab_size!r}.')
+  kinds.check(name, getattr(module, 'attention', 'exact'), getattr(module, 'attention_options', ()),
+              causal=causal, positions=module.positions)
 
 
 def embed_positions(x_BxTxD, positions: str, max_length: int, start=0):
@@ -73,6 +78,8 @@ class GPT(nn.Module):
     max_length: the longest context (the learned table's size; sinusoidal,
       ALiBi and rotary positions extrapolate beyond it).
     positions: 'learned', 'sinusoidal', 'alibi', 'rotary' or 'none'.
+    attention: the self-attention's kind (models/attention/kinds.py), default 'exact'.
+    attention_options: that kind's options, e.g. {'num_features': 128} for 'performer'.
     dropout_rate: dropout on the embeddings and after every sub-layer.
     pre_norm: pre-LN blocks and a final LayerNorm (GPT-2); False: post-LN.
     tie_embeddings: logits = h Eᵀ; else a separate output layer.
@@ -86,6 +93,8 @@ class GPT(nn.Module):
   mlp_dim: int | None = None
   max_length: int = 256
   positions: str = 'learned'
+  attention: str = 'exact'
+  attention_options: Any = ()
   dropout_rate: float = 0.0
   pre_norm: bool = True
   tie_embeddings: bool = True
@@ -93,7 +102,7 @@ class GPT(nn.Module):
   dtype: Any = jnp.float32
 
   def __post_init__(self):
-    check_transformer_options('GPT', self, self.vocab_size)
+    check_transformer_options('GPT', self, self.vocab_size, causal=True)
     super().__post_init__()
 
   @property
@@ -101,6 +110,16 @@ class GPT(nn.Module):
     """Generation reads at most the last `max_length` tokens (train/sampling.py), the
     context the model was trained on, whatever its position scheme."""
     return self.max_length
+
+  @property
+  def has_cache(self) -> bool:
+    """Whether `decode=True` works: the key/value cache serves exact and chunked attention."""
+    return self.attention in kinds.CACHED
+
+  @property
+  def rng_streams(self) -> tuple[str, ...]:
+    """Random streams the model draws from while training, besides dropout."""
+    return kinds.stream_names(self.attention)
 
   @nn.compact
   def __call__(self, tokens_BxT, *, train: bool = False, decode: bool = False):
@@ -121,7 +140,10 @@ class GPT(nn.Module):
     for layer in range(self.num_layers):
       x_BxTxD = TransformerBlock(self.num_heads, self.mlp_dim or 4 * self.features,
                                  self.dropout_rate, self.pre_norm, causal=True, positions=positions,
-                                 use_bias=self.use_bias, dtype=self.dtype,
+                                 attention=self.attention,
+                                 attention_options=self.attention_options,
+                                 max_length=self.max_length, use_bias=self.use_bias,
+                                 dtype=self.dtype,
                                  name=f'block{layer}')(x_BxTxD, train=train, decode=decode)
     if self.pre_norm:
       x_BxTxD = layer_norm(self.use_bias, 'final_norm')(x_BxTxD)

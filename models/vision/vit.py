@@ -22,6 +22,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.attention import kinds
 from models.attention.core import IN_ATTENTION
 from models.transformer.blocks import TransformerBlock, layer_norm
 from models.transformer.gpt import check_transformer_options, embed_positions
@@ -43,6 +44,8 @@ class ViT(nn.Module):
       order, N(0, 0.02²)), 'sinusoidal' (fixed, Vaswani et al. 2017), 'rotary'
       or 'alibi' (inside attention, 1-D over the same order) or 'none' (the
       encoder then sees the patches as a set).
+    attention: the self-attention's kind (models/attention/kinds.py), default 'exact'.
+    attention_options: that kind's options, e.g. {'num_features': 128} for 'performer'.
     dropout_rate: dropout on z_0 and after every sub-layer (App. B.1).
     use_bias: biases in the projections and LayerNorms.
     dtype: compute dtype; parameters, LayerNorms and logits are float32.
@@ -55,6 +58,8 @@ class ViT(nn.Module):
   mlp_dim: int | None = None
   pool: str = 'cls'
   positions: str = 'learned'
+  attention: str = 'exact'
+  attention_options: Any = ()
   dropout_rate: float = 0.0
   use_bias: bool = True
   dtype: Any = jnp.float32
@@ -68,6 +73,11 @@ class ViT(nn.Module):
     if self.pool not in POOLS:
       raise ValueError(f'ViT pool={self.pool!r}; allowed: {", ".join(POOLS)}.')
     super().__post_init__()
+
+  @property
+  def rng_streams(self) -> tuple[str, ...]:
+    """Random streams the model draws from while training, besides dropout."""
+    return kinds.stream_names(self.attention)
 
   @nn.compact
   def __call__(self, images_BxHxWxC, *, train: bool = False):
@@ -99,7 +109,10 @@ class ViT(nn.Module):
     for layer in range(self.num_layers):
       x_BxNxD = TransformerBlock(self.num_heads, self.mlp_dim or 4 * self.features,
                                  self.dropout_rate, pre_norm=True, positions=positions,
-                                 use_bias=self.use_bias, dtype=self.dtype,
+                                 attention=self.attention,
+                                 attention_options=self.attention_options,
+                                 max_length=x_BxNxD.shape[1], use_bias=self.use_bias,
+                                 dtype=self.dtype,
                                  name=f'block{layer}')(x_BxNxD, train=train)
     x_BxNxD = layer_norm(self.use_bias, 'final_norm')(x_BxNxD)
     y_BxD = x_BxNxD[:, 0] if self.pool == 'cls' else jnp.mean(x_BxNxD, axis=1)

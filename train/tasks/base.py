@@ -41,6 +41,13 @@ def stream_key(step_key: jax.Array, name: str) -> jax.Array:
   return jax.random.fold_in(step_key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
 
 
+def stream_keys(step_key: jax.Array, task: 'Task', model) -> dict[str, jax.Array]:
+  """The keys of a step's random streams: the task's, and those the model declares in an
+  `rng_streams` attribute (e.g. Performer attention's random features)."""
+  names = dict.fromkeys(task.rng_streams + tuple(getattr(model, 'rng_streams', ())))
+  return {name: stream_key(step_key, name) for name in names}
+
+
 class HookContext(NamedTuple):
   """What an eval hook sees: the module, the evaluated variables, a key and the step."""
   module: Any

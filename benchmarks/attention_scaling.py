@@ -1,0 +1,150 @@
+r"""Time and memory of every attention kind against sequence length.
+
+  python benchmarks/attention_scaling.py [--kinds=exact,chunked,...] \
+      [--lengths=256,512,...,16384] [--width=64] [--heads=1] [--repeats=3] [--causal] \
+      [--figure=workdirs/attention_scaling.png]
+
+For each kind of models/attention/kinds.py and each length n, compiles the
+forward and backward pass of one attention call (batch 1, `--heads` heads of width
+`--width`: the gradient of Σ out ⊙ c with respect to q, k and v) and reports
+
+  * the best wall time of `--repeats` calls after a warm-up, and
+  * the memory XLA's analysis of the compiled function gives: temporaries plus
+    arguments plus outputs (a compile-time figure, so it does not depend on what
+    else runs on the machine).
+
+It then fits the exponent b of time ∝ n^b and of memory ∝ n^b by least squares on
+log–log over the lengths from 1,024 up, and names the first length at which each
+kind is faster than exact attention. Options per kind are the `OPTIONS` below
+(Performer with 256 features, Linformer projecting to 256, blocks of 128 for the
+sparse kinds, of 512 for chunked). Linformer has no causal form and is skipped
+with `--causal`. A length whose compiled memory would exceed `--max_gb` is not run.
+"""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.attention import core
+from models.attention import kinds
+
+OPTIONS = {
+    'chunked': {'query_block': 512, 'key_block': 512},
+    'linear': {'block': 128},
+    'performer': {'num_features': 256, 'block': 128},
+    'linformer': {'projected_length': 256},
+    'local': {'block': 128},
+    'strided': {'block': 128},
+    'fixed': {'block': 128, 'summary': 8},
+}
+FIT_FROM = 1024
+
+_KINDS = flags.DEFINE_list('kinds', list(kinds.KINDS), 'Attention kinds to measure.')
+_LENGTHS = flags.DEFINE_list('lengths', [str(2 ** i) for i in range(8, 15)], 'Sequence lengths.')
+_WIDTH = flags.DEFINE_integer('width', 64, 'Head width H.')
+_HEADS = flags.DEFINE_integer('heads', 1, 'Number of heads N.')
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed calls per setting (the best is kept).')
+_CAUSAL = flags.DEFINE_boolean('causal', False, 'Causal attention (Linformer is then skipped).')
+_MAX_GB = flags.DEFINE_float('max_gb', 12.0, 'Skip settings whose compiled memory exceeds this.')
+_FIGURE = flags.DEFINE_string('figure', None, 'Where to save the log–log figure (PNG).')
+
+
+def attention_fn(kind: str, length: int, causal: bool):
+  """(params, q, k, v) ↦ Σ out ⊙ c for attention of `kind`, and its parameters."""
+  layer = kinds.Attend(kind, tuple(OPTIONS.get(kind, {}).items()), max_length=length)
+  shape = (1, length, _HEADS.value, _WIDTH.value)
+  q, k, v, c = (jax.random.normal(jax.random.PRNGKey(i), shape) for i in range(4))
+  params = layer.init(jax.random.PRNGKey(4), q, k, v, causal=causal)
+
+  def loss(params, q, k, v):
+    return jnp.sum(layer.apply(params, q, k, v, causal=causal) * c)
+
+  return jax.value_and_grad(loss, argnums=(1, 2, 3)), (params, q, k, v)
+
+
+def measure(kind: str, length: int, causal: bool):
+  """(best seconds, compiled bytes) of forward plus backward, or None if over --max_gb."""
+  fn, args = attention_fn(kind, length, causal)
+  compiled = jax.jit(fn).lower(*args).compile()
+  memory = compiled.memory_analysis()
+  total_bytes = (memory.temp_size_in_bytes + memory.argument_size_in_bytes
+                 + memory.output_size_in_bytes)
+  if total_bytes > _MAX_GB.value * 2 ** 30:
+    return None, total_bytes
+  jax.block_until_ready(compiled(*args))
+  best = float('inf')
+  for _ in range(_REPEATS.value):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    best = min(best, time.perf_counter() - start)
+  return best, total_bytes
+
+
+def fitted_exponent(lengths, values) -> float:
+  """b of values ∝ lengths^b, least squares on log–log over the lengths ≥ FIT_FROM."""
+  points = [(n, v) for n, v in zip(lengths, values) if n >= FIT_FROM and v is not None]
+  if len(points) < 2:
+    return float('nan')
+  x, y = np.log([n for n, _ in points]), np.log([v for _, v in points])
+  return float(np.polyfit(x, y, 1)[0])
+
+
+def main(argv):
+  del argv
+  unknown = sorted(set(_KINDS.value) - set(kinds.KINDS))
+  if unknown:
+    raise app.UsageError(f'--kinds has {unknown[0]!r}; allowed: {", ".join(kinds.KINDS)}.')
+  try:
+    lengths = sorted(int(n) for n in _LENGTHS.value)
+  except ValueError:
+    raise app.UsageError(f'--lengths={",".join(_LENGTHS.value)} must be integers.') from None
+  causal = _CAUSAL.value
+  chosen = [k for k in _KINDS.value if not (causal and k == 'linformer')]
+  results = {}
+  print(f'forward + backward, batch 1, {_HEADS.value} head(s) of width {_WIDTH.value}, '
+        f'{"causal" if causal else "non-causal"}; time in ms (compiled memory in MB)')
+  print(f'{"kind":<10}' + ''.join(f'{n:>18}' for n in lengths))
+  for kind in chosen:
+    row = [measure(kind, n, causal) for n in lengths]
+    results[kind] = row
+    cells = [f'{"—" if s is None else f"{1e3 * s:.1f}"} ({b / 2 ** 20:.0f})' for s, b in row]
+    print(f'{kind:<10}' + ''.join(f'{c:>18}' for c in cells), flush=True)
+  print(f'\nfitted exponent b (n ≥ {FIT_FROM}) and where each kind overtakes exact attention')
+  print(f'{"kind":<10} {"time b":>7} {"memory b":>9} {"faster than exact from n =":>27}')
+  exact = results.get('exact')
+  for kind, row in results.items():
+    seconds, memory = [s for s, _ in row], [b for _, b in row]
+    crossover = '—'
+    if exact is not None and kind != 'exact':
+      faster = [n for n, (s, _), (e, _) in zip(lengths, row, exact)
+                if s is not None and (e is None or s < e)]
+      crossover = str(faster[0]) if faster else 'never (in range)'
+    print(f'{kind:<10} {fitted_exponent(lengths, seconds):>7.2f} '
+          f'{fitted_exponent(lengths, memory):>9.2f} {crossover:>27}')
+  if _FIGURE.value:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+    fig, (ax_time, ax_memory) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for kind, row in results.items():
+      kept = [(n, s, b) for n, (s, b) in zip(lengths, row) if s is not None]
+      ax_time.loglog([n for n, _, _ in kept], [1e3 * s for _, s, _ in kept], 'o-', label=kind)
+      ax_memory.loglog(lengths, [b / 2 ** 20 for _, b in row], 'o-', label=kind)
+    ax_time.set(xlabel='sequence length n', ylabel='forward + backward (ms)', title='time')
+    ax_memory.set(xlabel='sequence length n', ylabel='compiled memory (MB)', title='memory')
+    ax_time.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(_FIGURE.value, dpi=120)
+    print(f'figure: {_FIGURE.value}')
+
+
+if __name__ == '__main__':
+  app.run(main)

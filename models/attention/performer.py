@@ -1,0 +1,101 @@
+"""Performer attention, FAVOR+ (Choromanski et al. 2021, "Rethinking Attention with Performers").
+
+The softmax kernel SM(x, y) = exp(xᵀy) is an expectation over Gaussian ω ~ N(0, I_H),
+
+  exp(xᵀy) = E_ω[exp(ωᵀx − ‖x‖²/2) exp(ωᵀy − ‖y‖²/2)],
+
+so with M draws ω_1 … ω_M (the rows of W [M, H]) the positive random features
+
+  φ(x) = exp(W x − ‖x‖²/2) / √M
+
+give an unbiased estimate φ(x)ᵀφ(y) of exp(xᵀy) that, unlike sin/cos features, is never
+negative, so the attention normaliser stays positive. Applied to q' = q / H^{1/4} and
+k' = k / H^{1/4}, E[φ(q')ᵀφ(k')] = exp(qᵀk/√H), the weights of softmax attention, and
+attention becomes linear attention with feature map φ (`linear.py`). Drawing the rows
+orthogonal in blocks of H (their norms still χ_H-distributed, so each row is marginally
+N(0, I_H)) keeps the estimate unbiased and lowers its variance.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from models.attention import linear
+
+
+def draw_features(key: jax.Array, num_features: int, head_dim: int,
+                  orthogonal: bool = True) -> jax.Array:
+  """W [M, H] with rows ω_m ~ N(0, I_H); if `orthogonal`, the rows of each block of H are
+  orthogonal: the Q of a Gaussian matrix's QR (sign-corrected, so Haar-distributed) scaled
+  row by row by the norm of an independent Gaussian vector (χ_H-distributed)."""
+  if not isinstance(num_features, int) or num_features < 1:
+    raise ValueError(f'num_features={num_features!r} must be a positive integer.')
+  if not isinstance(head_dim, int) or head_dim < 1:
+    raise ValueError(f'head_dim={head_dim!r} must be a positive integer.')
+  if not orthogonal:
+    return jax.random.normal(key, (num_features, head_dim), jnp.float32)
+  num_blocks = -(-num_features // head_dim)
+  # One draw: K blocks to orthogonalise, and K·H vectors whose norms the rows take.
+  gaussian_KxHxH, for_norms_KxHxH = jax.random.normal(
+      key, (2, num_blocks, head_dim, head_dim), jnp.float32)
+  q_KxHxH, r_KxHxH = jnp.linalg.qr(gaussian_KxHxH)
+  # Without fixing the signs of R's diagonal, Q is not uniformly distributed.
+  q_KxHxH = q_KxHxH * jnp.sign(jnp.diagonal(r_KxHxH, axis1=-2, axis2=-1))[:, None, :]
+  directions_MxH = jnp.swapaxes(q_KxHxH, -1, -2).reshape(num_blocks * head_dim, head_dim)
+  norms_M = jnp.linalg.norm(for_norms_KxHxH, axis=-1).reshape(num_blocks * head_dim)
+  return (directions_MxH * norms_M[:, None])[:num_features]
+
+
+def _log_features(x_BxLxNxH, features_MxH):
+  """log φ(x) = W x − ‖x‖²/2 − log √M [B, L, N, M], in float32."""
+  x_BxLxNxH = x_BxLxNxH.astype(jnp.float32)
+  projected_BxLxNxM = jnp.einsum('blnh,mh->blnm', x_BxLxNxH, features_MxH,
+                                 preferred_element_type=jnp.float32)
+  half_norm_BxLxNx1 = 0.5 * jnp.sum(x_BxLxNxH**2, axis=-1, keepdims=True)
+  return projected_BxLxNxM - half_norm_BxLxNx1 - 0.5 * math.log(features_MxH.shape[0])
+
+
+def softmax_kernel_features(x_BxLxNxH, features_MxH) -> jax.Array:
+  """φ(x) = exp(W x − ‖x‖²/2) / √M [B, L, N, M], with E[φ(x)ᵀφ(y)] = exp(xᵀy) (Choromanski
+  et al. 2021, Lemma 1). Unstabilised: for large ‖x‖ every feature underflows float32 to 0,
+  which `performer_attention` avoids."""
+  return jnp.exp(_log_features(x_BxLxNxH, features_MxH))
+
+
+def performer_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, features_MxH, *, causal: bool = False,
+                        key_valid_BxS=None, block: int = linear.DEFAULT_BLOCK):
+  """FAVOR+ attention (Choromanski et al. 2021): softmax attention with exp(q_iᵀk_j/√H)
+  replaced by its random-feature estimate φ(q_i')ᵀφ(k_j'), x' = x / H^{1/4}:
+
+    out_i = φ(q_i')ᵀ Σ_j φ(k_j') v_jᵀ / φ(q_i')ᵀ Σ_j φ(k_j'),   φ(x) = exp(W x − ‖x‖²/2) / √M,
+
+  j over the valid keys, and j ≤ i when `causal` (T == S, `block` positions per scan step).
+  `features_MxH` is W, from `draw_features`. Returns q's dtype; a query with no valid key
+  returns zeros.
+  """
+  linear.check_arguments(q_BxTxNxH.shape, k_BxSxNxH.shape, v_BxSxNxH.shape, causal=causal,
+                         key_valid_BxS=key_valid_BxS, block=block)
+  head_dim = q_BxTxNxH.shape[-1]
+  if features_MxH.ndim != 2 or features_MxH.shape[1] != head_dim:
+    raise ValueError(f'features_MxH of shape {features_MxH.shape} must be [M, H] with '
+                     f'H={head_dim}, the head width of q.')
+  scale = head_dim ** -0.25
+  log_phi_q_BxTxNxM = _log_features(q_BxTxNxH.astype(jnp.float32) * scale, features_MxH)
+  log_phi_k_BxSxNxM = _log_features(k_BxSxNxH.astype(jnp.float32) * scale, features_MxH)
+  # Subtracting a constant c from the exponents multiplies numerator and denominator by the
+  # same e^−c, so it cancels in the ratio, as long as c is shared by all the terms of one
+  # ratio: one c per query over its features, and for keys one c per (batch, head) over all
+  # keys and features (one per key would reweight the keys). The maxima keep exp ≤ 1. In
+  # causal attention the key maximum includes later keys, so a key far above all earlier ones
+  # can underflow the earlier queries' sums to 0.
+  log_phi_q_BxTxNxM -= jax.lax.stop_gradient(jnp.max(log_phi_q_BxTxNxM, axis=-1, keepdims=True))
+  if key_valid_BxS is not None:
+    # Padding takes no part in the maximum, and exp(−inf) = 0 gives it no features.
+    log_phi_k_BxSxNxM = jnp.where(key_valid_BxS[:, :, None, None], log_phi_k_BxSxNxM, -jnp.inf)
+  key_max_Bx1xNx1 = jnp.max(log_phi_k_BxSxNxM, axis=(1, 3), keepdims=True)
+  key_max_Bx1xNx1 = jnp.where(jnp.isfinite(key_max_Bx1xNx1), key_max_Bx1xNx1, 0)
+  log_phi_k_BxSxNxM -= jax.lax.stop_gradient(key_max_Bx1xNx1)
+  return linear.linear_attention_from_features(
+      jnp.exp(log_phi_q_BxTxNxM), jnp.exp(log_phi_k_BxSxNxM), v_BxSxNxH, causal=causal,
+      key_valid_BxS=key_valid_BxS, block=block).astype(q_BxTxNxH.dtype)

@@ -1,0 +1,153 @@
+"""Attention kinds chosen by config inside MultiHeadAttention and the Transformers
+(models/attention/kinds.py): each kind reaches its own function, the exact ones equal exact
+attention through the whole layer, Performer's features follow the 'features' stream, and every
+combination that cannot work stops with one sentence before compilation."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import registry
+from models.attention import core
+from models.attention import kinds
+from models.attention import linear
+from models.attention import sparse
+from train import sampling
+from train.tasks import base
+
+D, N, T = 8, 2, 12
+
+
+def draw(shape, seed):
+  return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def layer_and_params(**kwargs):
+  x = draw((2, T, D), 0)
+  layer = core.MultiHeadAttention(N, **kwargs)
+  params = layer.init({'params': jax.random.PRNGKey(1), 'features': jax.random.PRNGKey(2)}, x,
+                      causal=kwargs.get('attention') != 'linformer')['params']
+  params = nn.unbox(params)
+  return layer, params, x
+
+
+def projections(params, x_BxTxD):
+  """q, k, v [B, T, N, H] from the layer's own kernels and biases, in NumPy."""
+  return [np.einsum('btd,dnh->btnh', x_BxTxD, params[name]['kernel']) + params[name]['bias']
+          for name in ('query', 'key', 'value')]
+
+
+def merge(params, o_BxTxNxH):
+  return np.einsum('btnh,nhd->btd', o_BxTxNxH, params['out']['kernel']) + params['out']['bias']
+
+
+VALID_BxT = np.arange(T)[None, :] < np.array([[T], [7]])
+
+
+@pytest.mark.parametrize('kind, options, causal', [
+    ('chunked', {'query_block': 5, 'key_block': 4}, True),
+    ('chunked', {'query_block': 5, 'key_block': 4}, False),
+    ('local', {'block': T}, False),  # one block: every key is in the pattern
+])
+def test_exact_kinds_equal_exact_attention_through_the_layer(kind, options, causal):
+  exact, params, x = layer_and_params()
+  other = core.MultiHeadAttention(N, attention=kind, attention_options=tuple(options.items()))
+  mask = core.key_mask(jnp.asarray(VALID_BxT))
+  want = exact.apply({'params': params}, x, causal=causal, mask=mask)
+  got = other.apply({'params': params}, x, causal=causal, mask=mask)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('kind, options, function', [
+    ('linear', {'block': 4}, lambda q, k, v, valid: linear.linear_attention(
+        q, k, v, causal=True, key_valid_BxS=valid, block=4)),
+    ('strided', {'block': 4}, lambda q, k, v, valid: sparse.sparse_attention(
+        q, k, v, pattern='strided', block=4, causal=True, key_valid_BxS=valid)),
+    ('fixed', {'block': 4, 'summary': 2}, lambda q, k, v, valid: sparse.sparse_attention(
+        q, k, v, pattern='fixed', block=4, summary=2, causal=True, key_valid_BxS=valid)),
+])
+def test_each_kind_is_its_function_between_the_projections(kind, options, function):
+  """The layer = W^O · kind(x W^Q, x W^K, x W^V) with the kind's own options and the key mask."""
+  layer, params, x = layer_and_params(attention=kind, attention_options=tuple(options.items()))
+  got = layer.apply({'params': params}, x, causal=True, mask=core.key_mask(jnp.asarray(VALID_BxT)))
+  q, k, v = projections(params, x)
+  want = merge(params, np.asarray(function(q, k, v, jnp.asarray(VALID_BxT))))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_performer_draws_features_from_its_stream_in_training_and_a_fixed_draw_otherwise():
+  layer, params, x = layer_and_params(attention='performer',
+                                      attention_options=(('num_features', 8), ('block', 4)))
+  apply = lambda train, seed: np.asarray(layer.apply(
+      {'params': params}, x, causal=True, train=train, rngs={'features': jax.random.PRNGKey(seed)}))
+  assert not np.allclose(apply(True, 0), apply(True, 1))  # a new draw per step key
+  np.testing.assert_array_equal(apply(True, 0), apply(True, 0))
+  np.testing.assert_array_equal(apply(False, 0), apply(False, 1))  # evaluation: no stream read
+  gpt = registry.build('gpt', vocab_size=5, num_layers=1, features=D, num_heads=N,
+                       attention='performer')
+  keys = base.stream_keys(jax.random.PRNGKey(0), base.Task(), gpt)
+  assert set(keys) == {'dropout', 'features'}
+  assert set(base.stream_keys(jax.random.PRNGKey(0), base.Task(),
+                              registry.build('gpt', vocab_size=5))) == {'dropout'}
+
+
+def test_linformer_layer_owns_its_projections_sized_by_max_length():
+  layer = core.MultiHeadAttention(N, attention='linformer', max_length=16,
+                                  attention_options=(('projected_length', 4),))
+  params = layer.init(jax.random.PRNGKey(0), draw((1, T, D), 3))['params']
+  shapes = jax.tree.map(np.shape, nn.unbox(params['attend']['projections']))
+  assert shapes == {'proj_e': (4, 16), 'proj_f': (4, 16)}
+  exact = registry.build('gpt', vocab_size=5, num_layers=1, features=D, num_heads=N)
+  assert 'attend' not in nn.unbox(exact.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))
+                                  ['params'])['block0']['self_attention']
+
+
+def test_config_mappings_become_hashable_options():
+  import ml_collections
+  model = registry.build('bert', vocab_size=9, num_layers=1, features=D, num_heads=N,
+                         attention='performer',
+                         attention_options=ml_collections.ConfigDict({'num_features': 4}))
+  assert model.attention_options == (('num_features', 4),)
+  hash(model)
+
+
+def test_models_without_a_cached_kind_generate_without_the_cache():
+  gpt = registry.build('gpt', vocab_size=5, num_layers=1, features=D, num_heads=N,
+                       max_length=8, attention='linear', attention_options={'block': 4})
+  assert not sampling.supports_cache(gpt)
+  assert sampling.supports_cache(registry.build('gpt', vocab_size=5, attention='chunked'))
+  variables = gpt.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+  tokens = sampling.generate(gpt, variables, np.zeros((1, 2), np.int32), jax.random.PRNGKey(1),
+                             num_new_tokens=4)
+  assert tokens.shape == (1, 6)
+
+
+@pytest.mark.parametrize('build, message', [
+    (lambda: registry.build('gpt', vocab_size=5, attention='flash'),
+     "GPT attention='flash'; allowed: exact, chunked, linear, performer, linformer, local"),
+    (lambda: registry.build('bert', vocab_size=5, attention='performer',
+                            attention_options={'features': 8}),
+     "BERT attention_options has 'features', which attention='performer' does not take; "
+     'allowed: num_features, orthogonal, block.'),
+    (lambda: registry.build('vit', num_classes=3, attention='local',
+                            attention_options={'block': 0}),
+     'ViT attention_options.block must be a positive integer, got 0.'),
+    (lambda: registry.build('gpt', vocab_size=5, attention='linformer'),
+     'GPT is causal and Linformer attention cannot be'),
+    (lambda: registry.build('gpt', vocab_size=5, attention='performer', positions='alibi'),
+     "GPT positions='alibi' adds a bias to the attention scores, which only attention='exact'"),
+])
+def test_impossible_combinations_stop_with_one_sentence(build, message):
+  with pytest.raises(ValueError, match=message.replace('(', r'\(').replace(')', r'\)')):
+    build()
+
+
+def test_decoding_and_general_masks_are_refused_by_kinds_that_cannot_take_them():
+  layer, params, x = layer_and_params(attention='linear', attention_options=(('block', 4),))
+  with pytest.raises(ValueError, match="attention='linear' has no key/value cache"):
+    layer.init(jax.random.PRNGKey(0), x, causal=True, decode=True)
+  query_mask = jnp.ones((2, 1, T, T), bool)
+  with pytest.raises(ValueError, match=r"takes a mask of valid keys \[B, 1, 1, S\] only"):
+    layer.apply({'params': params}, x, causal=True, mask=query_mask)
