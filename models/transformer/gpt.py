@@ -83,6 +83,8 @@ class GPT(nn.Module):
     dropout_rate: dropout on the embeddings and after every sub-layer.
     pre_norm: pre-LN blocks and a final LayerNorm (GPT-2); False: post-LN.
     tie_embeddings: logits = h Eᵀ; else a separate output layer.
+    scale_embeddings: multiply the token embeddings by √D (Vaswani et al. 2017, §3.4), so
+      that sinusoidal positions of amplitude 1 do not drown tokens initialised at std 0.02.
     use_bias: biases in the projections and LayerNorms.
     dtype: compute dtype; parameters, LayerNorms and logits are float32.
   """
@@ -98,6 +100,7 @@ class GPT(nn.Module):
   dropout_rate: float = 0.0
   pre_norm: bool = True
   tie_embeddings: bool = True
+  scale_embeddings: bool = False
   use_bias: bool = True
   dtype: Any = jnp.float32
 
@@ -125,6 +128,8 @@ class GPT(nn.Module):
   def __call__(self, tokens_BxT, *, train: bool = False, decode: bool = False):
     embed = TokenEmbedding(self.vocab_size, self.features, self.dtype, name='token_embed')
     x_BxTxD = embed(tokens_BxT)
+    if self.scale_embeddings:
+      x_BxTxD = x_BxTxD * jnp.sqrt(self.features).astype(x_BxTxD.dtype)
     start = 0
     if decode:
       # The position of this call's first token, for the additive embeddings.

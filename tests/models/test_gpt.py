@@ -260,3 +260,19 @@ def test_registry_builds_gpt_from_a_config():
   shapes = nn.unbox(jax.eval_shape(from_data.init, jax.random.PRNGKey(0),
                                    jnp.zeros((2, 5), jnp.int32)))
   assert shapes['params']['token_embed']['embed']['embedding'].shape == (V, D)
+
+
+def test_scaled_embeddings_equal_a_table_multiplied_by_root_d():
+  """scale_embeddings reads √D·E[x]: the same logits as an unscaled model whose input table
+  is √D·E (untied, so the output layer does not see the table)."""
+  scaled = tiny_gpt(tie_embeddings=False, positions='sinusoidal', scale_embeddings=True)
+  params = random_params(scaled, 8)
+  tokens = jnp.asarray(np.random.default_rng(9).integers(0, V, (2, MAX_LENGTH)), jnp.int32)
+  table_params = jax.tree_util.tree_map(lambda x: x, params)
+  table_params['token_embed']['embed']['embedding'] = (
+      params['token_embed']['embed']['embedding'] * np.sqrt(D))
+  unscaled = tiny_gpt(tie_embeddings=False, positions='sinusoidal')
+  got = scaled.apply({'params': params}, tokens)
+  np.testing.assert_allclose(got, unscaled.apply({'params': table_params}, tokens),
+                             rtol=1e-5, atol=1e-5)
+  assert not np.allclose(got, unscaled.apply({'params': params}, tokens), atol=1e-2)
