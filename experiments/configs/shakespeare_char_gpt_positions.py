@@ -11,7 +11,9 @@ while ALiBi and rotary positions only see distances (Press et al. 2022).
       --workdir=workdirs/gpt_positions_learned --config.model.positions=learned
   python -m experiments.evaluate --workdir=workdirs/gpt_positions_learned --window=128
 
-(and likewise with positions sinusoidal, alibi and rotary).
+(and likewise with positions sinusoidal, alibi and rotary). Sinusoidal positions of
+amplitude 1 drown token embeddings initialised at std 0.02; `--config.model.scale_embeddings=True`
+multiplies the tokens by √D first, as Vaswani et al. do.
 """
 
 from experiments.configs import shakespeare_char_gpt
@@ -21,7 +23,7 @@ def get_config():
   config = shakespeare_char_gpt.get_config()
   config.data.window = 64
   config.model.update({'num_layers': 2, 'features': 128, 'num_heads': 4, 'max_length': 64,
-                       'dropout_rate': 0.0})
+                       'dropout_rate': 0.0, 'scale_embeddings': False})
   config.optimizer.learning_rate = 3e-3
   config.global_batch_size = 32
   config.num_train_steps = 1500
