@@ -5,7 +5,7 @@ data source, so a split is a sequence: `len(source)`, and `source[i]` is a dict
 of feature values decoded by TFDS without TensorFlow (arrays as NumPy arrays,
 integer scalars such as 'label' as Python ints, text as UTF-8 bytes).
 
-Seven data sets are prepared from this machine alone (see `data/builders/`):
+Eight data sets are prepared from this machine alone (see `data/builders/`):
 
   mnist1d           train 4,000 / test 1,000   'x' float32 (40,), 'label' 10
   digits            train 1,437 / test 360     'image' uint8 (8, 8, 1), 'label' 10
@@ -21,6 +21,11 @@ Seven data sets are prepared from this machine alone (see `data/builders/`):
   shakespeare_case  train 29,242 / validation 1,703 / test 1,834, pieces of lines
                     of tiny_shakespeare: 'input' uint8 (64,) lower-cased,
                     'tags' uint8 (64,) 1 where upper case, 'length' int32
+  associative_recall train 20,000 / validation 500 / test 1,000, generated, of
+                    the option `length` T (even, 4 to 4,098; default 2,048):
+                    'tokens' int16 (T + 1,) key-value pairs, a query key and
+                    its value; 'weights' uint8 (T,) 1 at the answer only;
+                    'distance' int32, how far back the answer's value lies
 
 Any other name is looked up in the TFDS catalog and prepared by TFDS.
 
@@ -57,6 +62,7 @@ from collections.abc import Sequence
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.utils import tqdm_utils
 
+from data.builders import associative_recall
 from data.builders import co2
 from data.builders import dates
 from data.builders import digits
@@ -76,6 +82,7 @@ LOCAL_BUILDERS = {
     'co2': co2.Co2,
     'dates': dates.Dates,
     'shakespeare_case': shakespeare_case.ShakespeareCase,
+    'associative_recall': associative_recall.AssociativeRecall,
 }
 
 # Long enough for a TCP handshake across continents, short enough that an
@@ -97,7 +104,8 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
       else TFDS's default).
     **options: for fashion_mnist, tiny_shakespeare and shakespeare_case,
       `source_dir`, the folder of the raw files (else their environment
-      variable, see the builders);
+      variable, see the builders); for a local builder with `OPTIONS`, those
+      keyword arguments of its constructor (associative_recall: `length`);
       for catalog names, keyword arguments of the TFDS builder (config=, ...).
 
   Returns:
@@ -140,9 +148,14 @@ def make_builder(name: str, *, data_dir: str | os.PathLike | None = None,
   if data_dir is not None:
     data_dir = os.fspath(data_dir)
   if name in LOCAL_BUILDERS:
-    if options:
+    allowed = getattr(LOCAL_BUILDERS[name], 'OPTIONS', ())
+    unknown = sorted(set(options) - set(allowed))
+    if unknown and not allowed:
       raise TypeError(f"Data set '{name}' takes no options {sorted(options)}.")
-    return LOCAL_BUILDERS[name](data_dir=data_dir, file_format='array_record')
+    if unknown:
+      raise TypeError(f"Data set '{name}' takes no option {unknown[0]!r}; its options are: "
+                      f'{", ".join(allowed)}.')
+    return LOCAL_BUILDERS[name](data_dir=data_dir, file_format='array_record', **options)
   try:
     return tfds.builder(name, data_dir=data_dir, file_format='array_record', **options)
   except tfds.core.registered.DatasetNotFoundError:

@@ -13,6 +13,11 @@ that starts at offset o; a window record holds the T + 1 tokens x_{o..o+T}
 
 The tokenizer is trained on the train split only and kept in the run's workdir
 (`tokenizer.json`) so a resumed run and its samplers encode text identically.
+
+A data set whose records are windows already ('tokens' [T + 1] and 'weights'
+[T] each, e.g. the generated associative_recall) takes tokenizer='dataset':
+its records are the windows, its builder's `tokenizer` names the ids, and
+every token is one unit (bits per token).
 """
 
 import os
@@ -20,9 +25,12 @@ import os
 import numpy as np
 
 from data import datasets
+from data import pipeline
 from data import tokenizers
 
 TOKENIZER_KINDS = ('char', 'byte_bpe')
+# The tokenizer of a data set of token records, given by its builder.
+DATASET_TOKENIZER = 'dataset'
 TOKENIZER_FILE = 'tokenizer.json'
 PAD_ID = 0
 
@@ -177,7 +185,8 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
   Args:
     data_config: `name`, `train_split`, `eval_split`, `data_dir` (or None),
       `options` (for `data.load`, e.g. source_dir), `text_key`, `tokenizer`
-      ('char' or 'byte_bpe'), `vocab_size` (None for char) and `window` (T).
+      ('char' or 'byte_bpe'; 'dataset' for token records, see the module
+      docstring), `vocab_size` (None for char) and `window` (T).
     workdir: the run's folder, where the tokenizer is kept.
 
   Returns:
@@ -189,6 +198,8 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
     config that fails later writes nothing).
   """
   kind, vocab_size = data_config.tokenizer, data_config.get('vocab_size')
+  if kind == DATASET_TOKENIZER:
+    return _token_record_sources(data_config)
   _check_tokenizer_options(kind, vocab_size)
   window = data_config.window
   if not isinstance(window, int) or isinstance(window, bool) or window < 1:
@@ -209,3 +220,31 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
           'token_counts': np.bincount(train_tokens, minlength=tokenizer.vocab_size)}
   return (TokenWindows(train_tokens, window, training=True),
           TokenWindows(eval_tokens, window, training=False), meta)
+
+
+def _token_record_sources(data_config) -> tuple[pipeline.InMemorySource, pipeline.InMemorySource,
+                                                 dict]:
+  """`make_sources` for tokenizer='dataset': the splits' records, held in memory, are the
+  windows; meta as for text, with unit 'token' and no workdir file."""
+  name, data_dir = data_config.name, data_config.get('data_dir')
+  options = dict(data_config.get('options') or {})
+  if data_config.get('vocab_size') is not None:
+    raise ValueError(f"With tokenizer='dataset' the data set fixes the vocabulary, so "
+                     f"data.vocab_size must be None, not {data_config.vocab_size!r}.")
+  builder_options = {key: value for key, value in options.items() if key != 'source_dir'}
+  tokenizer = getattr(datasets.make_builder(name, data_dir=data_dir, **builder_options),
+                      'tokenizer', None)
+  if tokenizer is None:
+    raise ValueError(f"Data set {name!r} has no tokenizer of its own, so tokenizer='dataset' "
+                     f"does not apply to it; use 'char' or 'byte_bpe' on its text.")
+  sources = [pipeline.InMemorySource(datasets.load(name, split, data_dir=data_dir, **options))
+             for split in (data_config.train_split, data_config.eval_split)]
+  window = sources[0].arrays['tokens'].shape[1] - 1
+  if data_config.get('window') not in (None, window):
+    raise ValueError(f'The records of {name!r} are windows of {window} tokens, so data.window '
+                     f'must be None or {window}, not {data_config.window!r}.')
+  meta = {'vocab_size': tokenizer.vocab_size, 'tokenizer': tokenizer,
+          'token_units': np.ones(tokenizer.vocab_size, np.float32), 'unit': 'token',
+          'window': window, 'token_counts': np.bincount(sources[0].arrays['tokens'].ravel(),
+                                                        minlength=tokenizer.vocab_size)}
+  return sources[0], sources[1], meta
