@@ -21,7 +21,8 @@ Eight data sets are prepared from this machine alone (see `data/builders/`):
   shakespeare_case  train 29,242 / validation 1,703 / test 1,834, pieces of lines
                     of tiny_shakespeare: 'input' uint8 (64,) lower-cased,
                     'tags' uint8 (64,) 1 where upper case, 'length' int32
-  associative_recall train 20,000 / validation 500 / test 1,000, generated, of
+  associative_recall
+                    train 20,000 / validation 500 / test 1,000, generated at
                     the option `length` T (even, 4 to 4,098; default 2,048):
                     'tokens' int16 (T + 1,) key-value pairs, a query key and
                     its value; 'weights' uint8 (T,) 1 at the answer only;

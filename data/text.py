@@ -200,6 +200,9 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
   kind, vocab_size = data_config.tokenizer, data_config.get('vocab_size')
   if kind == DATASET_TOKENIZER:
     return _token_record_sources(data_config)
+  if kind not in TOKENIZER_KINDS:
+    raise ValueError(f'Unknown data.tokenizer {kind!r}; allowed: {", ".join(TOKENIZER_KINDS)} '
+                     f'and {DATASET_TOKENIZER!r} (for a data set of token records).')
   _check_tokenizer_options(kind, vocab_size)
   window = data_config.window
   if not isinstance(window, int) or isinstance(window, bool) or window < 1:
