@@ -34,8 +34,9 @@ class LanguageModel(base.Task):
 
   def validate(self):
     if 'tokenizer' not in self.meta:
-      raise ValueError('The language_model task needs text data: set config.data.tokenizer '
-                       "('char' or 'byte_bpe') and config.data.window.")
+      raise ValueError('The language_model task needs token windows: set config.data.tokenizer '
+                       "('char' or 'byte_bpe') and config.data.window, or 'dataset' for a data "
+                       'set of token records.')
     if not isinstance(self.sample_length, int) or self.sample_length < 0:
       raise ValueError(f'task.sample_length must be an integer >= 0, got {self.sample_length!r}.')
     if not isinstance(self.num_samples, int) or self.num_samples < 1:
