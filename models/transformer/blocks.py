@@ -20,6 +20,7 @@ path stays one `jax.nn.dot_product_attention` call.
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from models.attention.core import MultiHeadAttention
@@ -30,6 +31,19 @@ def layer_norm(use_bias: bool, name: str | None = None) -> nn.LayerNorm:
   return nn.LayerNorm(use_bias=use_bias, dtype=jnp.float32, param_dtype=jnp.float32, name=name,
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)))
+
+
+def output_logits(x_BxTxD, embed: 'TokenEmbedding', tie_embeddings: bool, vocab_size: int,
+                  dtype) -> jax.Array:
+  """Logits [B, T, V] in float32: x Eᵀ with the embedding table (tied, Press & Wolf 2017) or a
+  separate output layer 'output' of the caller (call it inside a compact method)."""
+  if tie_embeddings:
+    logits_BxTxV = embed.attend(x_BxTxD.astype(dtype))
+  else:
+    logits_BxTxV = nn.Dense(vocab_size, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
+                            name='output', kernel_init=nn.with_logical_partitioning(
+                                nn.initializers.lecun_normal(), ('embed', 'vocab')))(x_BxTxD)
+  return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ('batch', 'length', 'vocab'))
 
 
 class FeedForward(nn.Module):

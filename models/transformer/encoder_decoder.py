@@ -36,7 +36,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models.attention.core import IN_ATTENTION, key_mask, padding_mask
-from models.transformer.blocks import TokenEmbedding, TransformerBlock, layer_norm
+from models.transformer.blocks import TokenEmbedding, TransformerBlock, layer_norm, output_logits
 from models.transformer.gpt import check_transformer_options, embed_positions
 
 
@@ -115,15 +115,7 @@ class TransformerDecoder(nn.Module):
                                                        decode=decode)
     if self.pre_norm:
       y_BxNxD = layer_norm(self.use_bias, 'final_norm')(y_BxNxD)
-    if self.tie_embeddings:
-      logits_BxNxV = embed.attend(y_BxNxD.astype(self.dtype))
-    else:
-      logits_BxNxV = nn.Dense(self.vocab_size, use_bias=False, dtype=self.dtype,
-                              param_dtype=jnp.float32, name='output',
-                              kernel_init=nn.with_logical_partitioning(
-                                  nn.initializers.lecun_normal(), ('embed', 'vocab')))(y_BxNxD)
-    return nn.with_logical_constraint(logits_BxNxV.astype(jnp.float32),
-                                      ('batch', 'length', 'vocab'))
+    return output_logits(y_BxNxD, embed, self.tie_embeddings, self.vocab_size, self.dtype)
 
 
 class TransformerSeq2Seq(nn.Module):

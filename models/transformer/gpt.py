@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from models.attention import kinds
 from models.attention import positions as positions_lib
 from models.attention.core import IN_ATTENTION
-from models.transformer.blocks import TokenEmbedding, TransformerBlock, layer_norm
+from models.transformer.blocks import TokenEmbedding, TransformerBlock, layer_norm, output_logits
 
 
 def check_transformer_options(name: str, module, vocab_size: int | None = None,
@@ -152,11 +152,4 @@ class GPT(nn.Module):
                                  name=f'block{layer}')(x_BxTxD, train=train, decode=decode)
     if self.pre_norm:
       x_BxTxD = layer_norm(self.use_bias, 'final_norm')(x_BxTxD)
-    if self.tie_embeddings:
-      logits_BxTxV = embed.attend(x_BxTxD.astype(self.dtype))
-    else:
-      logits_BxTxV = nn.Dense(self.vocab_size, use_bias=False, dtype=self.dtype,
-                              param_dtype=jnp.float32, name='output',
-                              kernel_init=nn.with_logical_partitioning(
-                                  nn.initializers.lecun_normal(), ('embed', 'vocab')))(x_BxTxD)
-    return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ('batch', 'length', 'vocab'))
+    return output_logits(x_BxTxD, embed, self.tie_embeddings, self.vocab_size, self.dtype)

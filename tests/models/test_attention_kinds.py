@@ -119,9 +119,12 @@ def test_models_without_a_cached_kind_generate_without_the_cache():
   assert not sampling.supports_cache(gpt)
   assert sampling.supports_cache(registry.build('gpt', vocab_size=5, attention='chunked'))
   variables = gpt.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
-  tokens = sampling.generate(gpt, variables, np.zeros((1, 2), np.int32), jax.random.PRNGKey(1),
-                             num_new_tokens=4)
-  assert tokens.shape == (1, 6)
+  tokens = np.asarray(sampling.generate(gpt, variables, np.array([[1, 3]], np.int32),
+                                        jax.random.PRNGKey(1), num_new_tokens=4, temperature=0.0))
+  # Greedy decoding by brute force: each new token is the argmax after its whole prefix.
+  for t in range(2, 6):
+    logits = gpt.apply(variables, jnp.asarray(tokens[:, :t]))
+    assert tokens[0, t] == int(np.argmax(logits[0, -1]))
 
 
 @pytest.mark.parametrize('build, message', [
