@@ -38,7 +38,8 @@ def _masked_softmax(logits, allowed):
 
 
 def sparse_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, pattern: str, block: int,
-                     causal: bool = False, key_valid_BxS=None, summary: int = 1):
+                     causal: bool = False, key_valid_BxS=None, summary: int = 1,
+                     query_blocks: int = 8):
   """Sparse self-attention with one of Child et al.'s patterns (2019, §4.2–4.3):
 
     out_i = Σ_{j ∈ A_i} softmax_j(q_i·k_j / √H) v_j,   A_i = (A_i^(1) ∪ A_i^(2)) ∩ valid keys
@@ -59,6 +60,10 @@ def sparse_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, pattern: str, block: in
   'strided' is computed on the [T/l, l] view of the keys, where column r holds the positions
   ≡ r (mod l); A^(2) of 'fixed' on the (T/l)·c summary keys.
 
+  The query blocks are processed `query_blocks` at a time (vectorised), the groups one after
+  another (`jax.lax.map`), so the working set stays the same at every length and the time per
+  position does not grow once it exceeds the caches; it changes no value.
+
   Self-attention only (T queries over the same T positions). T need not be a multiple of l:
   the sequence is padded to one with invalid keys, which leaves every A_i unchanged.
   `key_valid_BxS` (True = real token) masks padded keys; a query with no allowed key returns
@@ -71,6 +76,9 @@ def sparse_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, pattern: str, block: in
   if pattern == 'fixed' and not (isinstance(summary, int) and 1 <= summary <= block):
     raise ValueError(f"sparse_attention summary={summary!r} for pattern 'fixed'; allowed: an "
                      f'integer from 1 to block={block}.')
+  if not isinstance(query_blocks, int) or query_blocks < 1:
+    raise ValueError(f'sparse_attention query_blocks={query_blocks!r}; allowed: a positive '
+                     'integer.')
   batch, steps, heads, width = q_BxTxNxH.shape
   if k_BxSxNxH.shape[1] != steps or v_BxSxNxH.shape[1] != steps:
     raise ValueError(f'sparse_attention is self-attention: {steps} queries need {steps} keys '
@@ -86,68 +94,76 @@ def sparse_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, pattern: str, block: in
 
   q_BxCxLxNxH, k_BxCxLxNxH, v_BxCxLxNxH = map(to_blocks, (q_BxTxNxH, k_BxSxNxH, v_BxSxNxH))
   valid_BxCxL = to_blocks(valid_BxT)
-  position_CxL = jnp.arange(padded_steps).reshape(num_blocks, block)
   block_C = jnp.arange(num_blocks)
   later = (lambda key, query: key < query) if causal else (lambda key, query: key != query)
   scale = width ** -0.5
   as_v = lambda w: w.astype(v_BxSxNxH.dtype)
-  # Each part of A_i: (logits [B, N, C, L, K], allowed [B, 1, C, L, K], its weights ↦ its share
-  # of the output [B, C, L, N, H]).
-  parts = []
 
   # The query's own block and its neighbours: all of 'local', A^(1) of 'strided' and 'fixed'.
+  # Key position minus query position depends only on the places in the blocks, so the pattern
+  # inside the neighbours is one [L, K] mask; neighbours past either end are invalid keys.
   offsets = (0,) if pattern == 'fixed' else (-1, 0) if causal else (-1, 0, 1)
   k_BxCxKxNxH = _blocks_at_offsets(k_BxCxLxNxH, offsets)
   v_BxCxKxNxH = _blocks_at_offsets(v_BxCxLxNxH, offsets)
   valid_BxCxK = _blocks_at_offsets(valid_BxCxL, offsets)
-  query_CxLx1 = position_CxL[:, :, None]
-  key_Cx1xK = (position_CxL[:, None, :]
-               + block * jnp.asarray(offsets)[None, :, None]).reshape(num_blocks, 1, -1)
-  in_pattern_CxLxK = jnp.ones((num_blocks, block, key_Cx1xK.shape[-1]), bool)
+  place_L = jnp.arange(block)
+  offset_LxK = ((block * jnp.asarray(offsets)[:, None] + place_L[None, :]).reshape(1, -1)
+                - place_L[:, None])
+  in_pattern_LxK = jnp.ones((block, len(offsets) * block), bool)
   if causal:
-    in_pattern_CxLxK &= key_Cx1xK <= query_CxLx1
+    in_pattern_LxK &= offset_LxK <= 0
   if pattern == 'strided':
-    in_pattern_CxLxK &= jnp.abs(query_CxLx1 - key_Cx1xK) < block
-  parts.append((
-      jnp.einsum('bclnh,bcknh->bnclk', q_BxCxLxNxH, k_BxCxKxNxH,
-                 preferred_element_type=jnp.float32),
-      in_pattern_CxLxK[None, None] & valid_BxCxK[:, None, :, None, :],
-      lambda w: jnp.einsum('bnclk,bcknh->bclnh', as_v(w), v_BxCxKxNxH,
-                           preferred_element_type=jnp.float32)))
-
-  if pattern == 'strided':
-    # Query c·l + r and key d·l + r: j ≡ i (mod l). d = c is j = i, already in A^(1).
-    other_CxD = later(block_C[None, :], block_C[:, None])
-    parts.append((
-        jnp.einsum('bclnh,bdlnh->bncld', q_BxCxLxNxH, k_BxCxLxNxH,
-                   preferred_element_type=jnp.float32),
-        other_CxD[None, None, :, None, :] & valid_BxCxL.transpose(0, 2, 1)[:, None, None, :, :],
-        lambda w: jnp.einsum('bncld,bdlnh->bclnh', as_v(w), v_BxCxLxNxH,
-                             preferred_element_type=jnp.float32)))
-
+    in_pattern_LxK &= jnp.abs(offset_LxK) < block
   if pattern == 'fixed':
     # The last `summary` positions of every block; those of the query's own block are in A^(1).
     def summaries(x_BxCxLx):
       x_BxCxMx = x_BxCxLx[:, :, block - summary:]
       return x_BxCxMx.reshape((batch, num_blocks * summary) + x_BxCxMx.shape[3:])
     k_BxMxNxH, v_BxMxNxH, valid_BxM = map(summaries, (k_BxCxLxNxH, v_BxCxLxNxH, valid_BxCxL))
-    other_CxM = later(jnp.repeat(block_C, summary)[None, :], block_C[:, None])
-    parts.append((
-        jnp.einsum('bclnh,bmnh->bnclm', q_BxCxLxNxH, k_BxMxNxH,
-                   preferred_element_type=jnp.float32),
-        other_CxM[None, None, :, None, :] & valid_BxM[:, None, None, None, :],
-        lambda w: jnp.einsum('bnclm,bmnh->bclnh', as_v(w), v_BxMxNxH,
-                             preferred_element_type=jnp.float32)))
+    block_M = jnp.repeat(block_C, summary)
 
-  # One softmax over the parts together: they are disjoint, so A_i is their union.
-  logits = jnp.concatenate([logits for logits, _, _ in parts], axis=-1) * scale
-  allowed = jnp.concatenate([jnp.broadcast_to(allowed, logits_part.shape)
-                             for logits_part, allowed, _ in parts], axis=-1)
-  weights = _masked_softmax(logits, allowed)
-  out_BxCxLxNxH, start = 0.0, 0
-  for logits_part, _, weigh in parts:
-    size = logits_part.shape[-1]
-    out_BxCxLxNxH = out_BxCxLxNxH + weigh(weights[..., start:start + size])
-    start += size
+  def attend_block(args):
+    """Output [B, L, N, H] of query block c, from its neighbours and (strided, fixed) the rest."""
+    c, q_BxLxNxH, k_BxKxNxH, v_BxKxNxH, valid_BxK = args
+    # Each part of A_i: (logits [B, N, L, K], allowed [B, 1, L, K], its weights ↦ its share
+    # of the output [B, L, N, H]).
+    parts = [(jnp.einsum('blnh,bknh->bnlk', q_BxLxNxH, k_BxKxNxH,
+                         preferred_element_type=jnp.float32),
+              in_pattern_LxK[None, None] & valid_BxK[:, None, None, :],
+              lambda w: jnp.einsum('bnlk,bknh->blnh', as_v(w), v_BxKxNxH,
+                                   preferred_element_type=jnp.float32))]
+    if pattern == 'strided':
+      # Query c·l + r and key d·l + r: j ≡ i (mod l). d = c is j = i, already in A^(1).
+      parts.append((
+          jnp.einsum('blnh,bdlnh->bnld', q_BxLxNxH, k_BxCxLxNxH,
+                     preferred_element_type=jnp.float32),
+          later(block_C, c)[None, None, None, :] & valid_BxCxL.transpose(0, 2, 1)[:, None],
+          lambda w: jnp.einsum('bnld,bdlnh->blnh', as_v(w), v_BxCxLxNxH,
+                               preferred_element_type=jnp.float32)))
+    if pattern == 'fixed':
+      parts.append((
+          jnp.einsum('blnh,bmnh->bnlm', q_BxLxNxH, k_BxMxNxH, preferred_element_type=jnp.float32),
+          (later(block_M, c)[None, :] & valid_BxM)[:, None, None, :],
+          lambda w: jnp.einsum('bnlm,bmnh->blnh', as_v(w), v_BxMxNxH,
+                               preferred_element_type=jnp.float32)))
+    # One softmax over the parts together: they are disjoint, so A_i is their union.
+    logits = jnp.concatenate([logits for logits, _, _ in parts], axis=-1) * scale
+    allowed = jnp.concatenate([jnp.broadcast_to(allowed, logits_part.shape)
+                               for logits_part, allowed, _ in parts], axis=-1)
+    weights = _masked_softmax(logits, allowed)
+    out_BxLxNxH, start = 0.0, 0
+    for logits_part, _, weigh in parts:
+      size = logits_part.shape[-1]
+      out_BxLxNxH = out_BxLxNxH + weigh(weights[..., start:start + size])
+      start += size
+    return out_BxLxNxH
+
+  # `query_blocks` query blocks at a time (vectorised), the groups in a loop: the working set
+  # of one group does not grow with the length, so neither does the time per position.
+  leading = lambda x: jnp.moveaxis(x, 1, 0)
+  out_CxBxLxNxH = jax.lax.map(
+      attend_block, (block_C, leading(q_BxCxLxNxH), leading(k_BxCxKxNxH), leading(v_BxCxKxNxH),
+                     leading(valid_BxCxK)), batch_size=min(query_blocks, num_blocks))
+  out_BxCxLxNxH = leading(out_CxBxLxNxH)
   out_BxTxNxH = out_BxCxLxNxH.reshape((batch, padded_steps, heads, v_BxSxNxH.shape[-1]))
   return out_BxTxNxH[:, :steps].astype(q_BxTxNxH.dtype)
