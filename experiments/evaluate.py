@@ -1,19 +1,24 @@
 r"""Evaluates a trained run's latest checkpoint again, optionally under changed data settings.
 
-  python -m experiments.evaluate --workdir=workdirs/shakespeare_char_gpt_rotary [--window=256]
+  python -m experiments.evaluate --workdir=workdirs/shakespeare_char_gpt_rotary [--window=256] \
+      [--set=data.options.length=2048 --set=model.max_length=2048]
 
 Reads the run's `config.json` and newest good checkpoint (the parameter EMA when
 the run kept one) and runs the run's own evaluation over its eval split. With
 `--window` the text windows have that many tokens instead of the trained
 context, e.g. twice the training length to see which position schemes
-extrapolate (Press et al. 2022). Prints the metrics and appends them, with the
+extrapolate (Press et al. 2022). Each `--set=KEY=VALUE` replaces one value of the run's
+config (a dotted key that exists there; the value read as a Python literal, else as a
+string), e.g. a generated data set's length. Prints the metrics and appends them, with the
 window and the checkpoint step, to `<workdir>/evaluations.jsonl`; nothing else
 in the work directory changes.
 """
 
+import ast
 import json
 import os
 import sys
+from typing import Sequence
 
 from absl import app
 from absl import flags
@@ -24,9 +29,38 @@ FLAGS = flags.FLAGS
 OUTPUT_FILE = 'evaluations.jsonl'
 
 
-def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None = None) -> dict:
-  """{'step', 'window', 'metrics'} of the run in `workdir`; bad inputs raise ValueError or
-  FileNotFoundError in one sentence before anything is compiled."""
+def apply_overrides(config, overrides: Sequence[str]) -> dict:
+  """Sets each 'dotted.key=value' of `overrides` in `config`; returns {key: value}."""
+  applied = {}
+  for item in overrides:
+    key, sep, raw = item.partition('=')
+    if not sep or not key:
+      raise ValueError(f'--set={item!r} must have the form dotted.key=value.')
+    node, parts = config, key.split('.')
+    for depth, part in enumerate(parts):
+      if not hasattr(node, 'keys') or part not in node.keys():
+        where = '.'.join(parts[:depth]) or 'the config'
+        raise ValueError(f'--set={item!r}: {where} has no key {part!r}; the run\'s config.json '
+                         'lists the keys.')
+      if depth < len(parts) - 1:
+        node = node[part]
+    try:
+      value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+      value = raw
+    try:
+      node[parts[-1]] = value
+    except TypeError as e:
+      raise ValueError(f'--set={item!r} gives {parts[-1]!r} a value of the wrong type: '
+                       f'{e}.'.replace('..', '.')) from None
+    applied[key] = value
+  return applied
+
+
+def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None = None,
+             overrides: Sequence[str] = ()) -> dict:
+  """{'step', 'window', 'metrics'} (and the applied 'overrides') of the run in `workdir`; bad
+  inputs raise ValueError or FileNotFoundError in one sentence before anything is compiled."""
   import jax  # pylint: disable=g-import-not-at-top
   from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
   from train import state as state_lib  # pylint: disable=g-import-not-at-top
@@ -45,6 +79,7 @@ def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None 
     config.data.window = window
   if batch_size is not None:
     config.eval_batch_size = batch_size
+  applied = apply_overrides(config, overrides)
   _, eval_source, _, task, model = loop.build_parts(config, workdir)
   saved = checkpoint.restore_arrays(workdir)
   state = state_lib.from_saved_arrays(saved)
@@ -52,19 +87,24 @@ def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None 
                  learning_rate_fn=None, init_fn=None, rng=None, train_source=None,
                  eval_source=eval_source, checkpointer=None)
   metrics = run.evaluate(jax.jit(run.eval_step_fn()), state)
-  return {'step': int(saved['step']), 'window': config.data.get('window'), 'metrics': metrics}
+  record = {'step': int(saved['step']), 'window': config.data.get('window'), 'metrics': metrics}
+  if applied:
+    record['overrides'] = applied
+  return record
 
 
-def run(workdir: str | None, *, window: int | None = None, batch_size: int | None = None) -> dict:
+def run(workdir: str | None, *, window: int | None = None, batch_size: int | None = None,
+        overrides: Sequence[str] = ()) -> dict:
   """The command: evaluates, prints and appends the record; a bad input exits with status 1
   and one sentence."""
   try:
     if not workdir:
       raise ValueError('--workdir must name the work directory of a trained run.')
-    record = evaluate(workdir, window=window, batch_size=batch_size)
+    record = evaluate(workdir, window=window, batch_size=batch_size, overrides=overrides)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')
-  print(f'step {record["step"]}, window {record["window"]}: '
+  changed = ''.join(f', {key}={value!r}' for key, value in record.get('overrides', {}).items())
+  print(f'step {record["step"]}, window {record["window"]}{changed}: '
         + ' '.join(f'{k}={v:.4f}' for k, v in sorted(record['metrics'].items())))
   with open(os.path.join(os.path.abspath(workdir), OUTPUT_FILE), 'a', encoding='utf-8') as f:
     f.write(json.dumps(record, sort_keys=True) + '\n')
@@ -77,13 +117,15 @@ def define_flags() -> None:
   flags.DEFINE_integer('window', None, 'Tokens per evaluation window (default: the run\'s).')
   flags.DEFINE_integer('batch_size', None, "Windows per batch (default: the run's "
                        'eval_batch_size).')
+  flags.DEFINE_multi_string('set', [], 'dotted.key=value: a config value to change for this '
+                            'evaluation (repeatable).')
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
   logging.set_verbosity(logging.WARNING)
-  run(FLAGS.workdir, window=FLAGS.window, batch_size=FLAGS.batch_size)
+  run(FLAGS.workdir, window=FLAGS.window, batch_size=FLAGS.batch_size, overrides=FLAGS.set)
 
 
 if __name__ == '__main__':

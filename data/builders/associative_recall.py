@@ -1,52 +1,54 @@
-"""Associative recall: key–value pairs, then a query key whose value is the answer.
+"""Associative recall: key–value pairs scattered through a long context, then queries.
 
-A synthetic long-context task (associative retrieval, Ba et al. 2016; the
-single-query case of Arora et al. 2024, "Zoology"), generated here, the same on
-every machine and every run. An example of length T (the model's context;
-T + 1 tokens) holds K = (T − 2) / 2 pairs, a query marker, a query key and its
-value:
+A synthetic long-context task generated here, the same on every machine and every run: it
+asks whether a model can retrieve a token seen far back. Each key–value pair is ONE token,
+as in the synthetic retrieval tasks of Ba et al. 2016 and Schlag et al. 2021 (§6.1), where
+a key and its value arrive together; recalling a value is then one content-based lookup
+(the query key against the pair tokens), which any attention layer can learn, so the task
+separates attention kinds by what they can reach rather than by how hard it is to learn.
+Several queries per example, as in Arora et al. 2024 ("Zoology", multi-query associative
+recall), give many scored targets per example.
 
-  k_{a_0} v_{b_0} k_{a_1} v_{b_1} … k_{a_{K−1}} v_{b_{K−1}} ? k_{a_q} v_{b_q}
+An example of length T (the model's context; T + 1 tokens) is
 
-written 'k1771 v7 k30 v51 … ? k30 v51' by `Tokenizer`. The vocabulary is
-2,048 keys k0 … k2047 (ids 0 … 2047), 64 values v0 … v63 (ids 2048 … 2111) and
-the marker '?' (id 2112): 2,113 tokens. The K keys of an example are distinct,
-the values drawn with repetition, and the query is pair q, uniform over
-0 … K − 1. A language model reading tokens[:-1] scores one target only, the last
-token: 'weights' is 1 at target T − 1 (the prediction made at the query key)
-and 0 elsewhere, so the language_model task's `accuracy` is the recall accuracy
-(chance 1/64).
+  f f k5:v2 f f f … k17:v0 f … f  ?  k17 v0  k5 v2  …  (16 queries)
+  └──────────── n = T − 32 tokens ────────────┘
 
-Length: T = 2K + 2 for K = 1 … 2,048, any even T from 4 to 4,098, chosen by
-the builder's `length` (`data.load('associative_recall', split, length=64)`;
-default 2,048, K = 1,023); each length is its own configuration, prepared in
-`jaxlab_associative_recall/length_<T>/`.
+  * P = 16 pair tokens `k{a}:v{b}` (key a of 32, value b of 8) at 16 distinct positions of
+    the first n = T − 2P tokens, the other n − P of them fillers `f0` … `f15`;
+  * the marker `?`;
+  * P queries: each key of the example once, as `k{a}`, followed by its value `v{b}`.
 
-Distance: the value to recall sits d = 2(K − q) positions before the query key,
-d ∈ {2, 4, …, 2K}, each with probability 1/K. At T = 2,048: mean 1,024, and
-P(d ≤ 128) = 64/1,023 ≈ 6.3%, P(d ≤ 256) ≈ 12.5%, P(d > 1,024) ≈ 50%: an
-attention layer that sees only the last w positions has the answer in view in
-⌊w/2⌋/K of the examples (stacked layers widen that reach). At T = 64 (K = 31),
-d ≤ 62.
+The prediction made at a query key is scored (weight 1); every other target has weight 0,
+so the language_model task's `accuracy` is the recall accuracy (chance 1/8). A query's
+distance is its position minus its pair's, from 2 to T − 1; the pairs are spread uniformly
+over the first n positions, so at T = 2,048 the mean distance is about 1,040 and a layer that
+sees only the last w positions reaches a query's pair in roughly w / n of the cases.
 
-Draws: draw i of split s reads 4·2,048 + K + 8 bytes of SHAKE-256 of
-'SEED:s:i' (SEED = 0, FIPS 202; `hashlib.shake_256`), so it depends on no
-library's random generator (NumPy's, for one, may change its streams between
-versions) and any draw can be made alone. Bytes 4j … 4j + 3, big-endian, are
-key j's sort number; the example's keys are the K keys with the smallest sort
-numbers, in increasing order of them (equal numbers, which are rare, in key
-order). The next K bytes, modulo 64, are the values. The last 8 bytes,
-big-endian, modulo K, are q (bias below K / 2⁶⁴).
+Vocabulary (313 tokens): pair k{a}:v{b} is id 8a + b (0 … 255); query key k{a} is
+256 + a; value v{b} is 288 + b; filler f{c} is 296 + c; `?` is 312.
 
-Splits: train 20,000 / validation 500 / test 1,000 records at every length.
-Validation is drawn first, then test, then train, each from its own stream of
-draws; a draw whose tokens equal those of a validation or test record already
-kept is skipped, so the held-out records are distinct and never in train. At
-T = 4 there are only 2,048 · 64 = 131,072 different examples, so draws repeat
-(and train repeats some of its own); from T = 6 on, practically never.
+Length: T any power of two from 64 to 16,384, chosen by the builder's `length`
+(`data.load('associative_recall', split, length=64)`; default 2,048); each length is its own
+configuration, prepared in `jaxlab_associative_recall/length_<T>/`.
 
-Records: 'tokens' int16 (T + 1,); 'weights' uint8 (T,), one-hot at T − 1;
-'distance' int32, d above.
+Draws: draw i of split s reads 4·32 + P + 4n + n + 4P bytes of SHAKE-256 of 'SEED:s:i'
+(SEED = 0, FIPS 202; `hashlib.shake_256`), so it depends on no library's random generator
+and any draw can be made alone. In that order, big-endian 4-byte "sort numbers" and single
+bytes: 32 sort numbers for the keys (the example's keys are the P with the smallest numbers,
+in increasing order of them: the order the pairs appear in); P bytes mod 8, the values of
+those pairs in turn; n sort numbers for the positions (the pairs go, in order, to the P
+positions with the smallest numbers, taken in increasing position); n bytes mod 16, the
+filler at each position (pair positions ignore theirs); P sort numbers for the queries (pair
+j is asked in the rank of its number). Ties between sort numbers, which are rare, go to the
+lower index.
+
+Splits: train 20,000 / validation 500 / test 1,000 records at every length. Validation is
+drawn first, then test, then train, each from its own stream of draws; a draw equal to a
+held-out record already kept is skipped, so held-out records never appear in train.
+
+Records: 'tokens' int16 (T + 1,); 'weights' uint8 (T,), 1 at the P query keys; 'distance'
+int32 (P,), each query's distance, in query order.
 """
 
 import hashlib
@@ -59,38 +61,34 @@ SPLIT_SIZES = {'train': 20_000, 'validation': 500, 'test': 1_000}
 # Held-out splits are drawn first so that train can avoid their records.
 DRAW_ORDER = ('validation', 'test', 'train')
 
-NUM_KEYS = 2048
-KEY_BITS = 11  # NUM_KEYS = 2**KEY_BITS
-NUM_VALUES = 64
-FIRST_VALUE = NUM_KEYS
-MARKER = NUM_KEYS + NUM_VALUES
+NUM_KEYS = 32
+NUM_VALUES = 8
+NUM_FILLERS = 16
+PAIRS = 16
+FIRST_KEY = NUM_KEYS * NUM_VALUES
+FIRST_VALUE = FIRST_KEY + NUM_KEYS
+FIRST_FILLER = FIRST_VALUE + NUM_VALUES
+MARKER = FIRST_FILLER + NUM_FILLERS
 VOCAB_SIZE = MARKER + 1
 DEFAULT_LENGTH = 2048
-# T = 2K + 2 with 1 <= K <= NUM_KEYS.
-LENGTHS = tuple(range(4, 2 * NUM_KEYS + 3, 2))
+LENGTHS = tuple(2 ** i for i in range(6, 15))
 
 
 def check_length(length) -> int:
   """`length` (T) if an example can have it, else ValueError in one sentence."""
-  if (not isinstance(length, int) or isinstance(length, bool) or length % 2 or
-      not LENGTHS[0] <= length <= LENGTHS[-1]):
-    raise ValueError(f'The associative-recall length must be an even integer from {LENGTHS[0]} '
-                     f'to {LENGTHS[-1]} (T = 2K + 2 tokens of context for K = 1 to {NUM_KEYS} '
-                     f'key-value pairs), not {length!r}.')
+  if (not isinstance(length, int) or isinstance(length, bool) or length not in LENGTHS):
+    raise ValueError(f'The associative-recall length must be a power of two from {LENGTHS[0]} '
+                     f'to {LENGTHS[-1]}, not {length!r}.')
   return length
 
 
-def num_pairs(length: int) -> int:
-  """K, the key–value pairs of an example of length T = 2K + 2."""
-  return (check_length(length) - 2) // 2
-
-
 class Tokenizer:
-  """Token ids ↔ the readable form 'k12 v7 … ? k12 v7' (one word per token)."""
+  """Token ids ↔ the readable form 'f3 k5:v2 … ? k5 v2 …' (one word per token)."""
 
   def __init__(self):
-    self.vocab = ([f'k{i}' for i in range(NUM_KEYS)] + [f'v{i}' for i in range(NUM_VALUES)] +
-                  ['?'])
+    self.vocab = ([f'k{a}:v{b}' for a in range(NUM_KEYS) for b in range(NUM_VALUES)] +
+                  [f'k{a}' for a in range(NUM_KEYS)] + [f'v{b}' for b in range(NUM_VALUES)] +
+                  [f'f{c}' for c in range(NUM_FILLERS)] + ['?'])
     self._ids = {word: index for index, word in enumerate(self.vocab)}
 
   @property
@@ -99,13 +97,14 @@ class Tokenizer:
 
   def encode(self, text: str) -> list[int]:
     words = text.split()
+    allowed = (f'k0:v0 to k{NUM_KEYS - 1}:v{NUM_VALUES - 1}, k0 to k{NUM_KEYS - 1}, '
+               f'v0 to v{NUM_VALUES - 1}, f0 to f{NUM_FILLERS - 1} and ?')
     if not words:
-      raise ValueError(f'{text!r} holds no associative-recall token (k0 to k{NUM_KEYS - 1}, '
-                       f'v0 to v{NUM_VALUES - 1} or ?).')
+      raise ValueError(f'{text!r} holds no associative-recall token ({allowed}).')
     unknown = [word for word in words if word not in self._ids]
     if unknown:
-      raise ValueError(f'{unknown[0]!r} is not an associative-recall token; the tokens are k0 to '
-                       f'k{NUM_KEYS - 1}, v0 to v{NUM_VALUES - 1} and ?.')
+      raise ValueError(f'{unknown[0]!r} is not an associative-recall token; the tokens are '
+                       f'{allowed}.')
     return [self._ids[word] for word in words]
 
   def decode(self, ids) -> str:
@@ -120,7 +119,8 @@ class AssociativeRecall(tfds.core.GeneratorBasedBuilder, skip_registration=True)
   """Record `i` of a split is row `i` of `generate(length)[split]`."""
 
   name = 'jaxlab_associative_recall'
-  VERSION = tfds.core.Version('1.0.0')
+  VERSION = tfds.core.Version('2.0.0')
+  RELEASE_NOTES = {'2.0.0': 'One token per key–value pair, fillers, 16 queries per example.'}
   SPLITS = tuple(SPLIT_SIZES)
   # Keyword arguments `data.load` passes on (see data/datasets.py).
   OPTIONS = ('length',)
@@ -144,7 +144,7 @@ class AssociativeRecall(tfds.core.GeneratorBasedBuilder, skip_registration=True)
             # Stored as raw bytes: TFDS would otherwise write each token as an int64.
             'tokens': tfds.features.Tensor(shape=(length + 1,), dtype=np.int16, encoding='bytes'),
             'weights': tfds.features.Tensor(shape=(length,), dtype=np.uint8, encoding='bytes'),
-            'distance': tfds.features.Tensor(shape=(), dtype=np.int32),
+            'distance': tfds.features.Tensor(shape=(PAIRS,), dtype=np.int32),
         }),
         disable_shuffling=True,
     )
@@ -154,36 +154,53 @@ class AssociativeRecall(tfds.core.GeneratorBasedBuilder, skip_registration=True)
     return {split: self._generate_examples(tokens[split]) for split in self.SPLITS}
 
   def _generate_examples(self, tokens_NxL1):
-    weights_T = np.zeros(self.length, np.uint8)
-    weights_T[-1] = 1
+    weights_T = query_weights(self.length)
     for i, tokens in enumerate(tokens_NxL1):
-      yield i, {'tokens': tokens, 'weights': weights_T, 'distance': np.int32(distance(tokens))}
+      yield i, {'tokens': tokens, 'weights': weights_T, 'distance': distances(tokens)}
+
+
+def query_weights(length: int) -> np.ndarray:
+  """uint8 [T]: 1 at the predictions made at the query keys (targets = their values)."""
+  weights_T = np.zeros(length, np.uint8)
+  weights_T[length - 2 * PAIRS + 1::2] = 1
+  return weights_T
+
+
+def _smallest(sort_numbers: np.ndarray, count: int) -> np.ndarray:
+  """Indices of the `count` smallest sort numbers, smallest first (ties: lower index)."""
+  return np.argsort(sort_numbers, kind='stable')[:count]
 
 
 def draw(split: str, index: int, length: int) -> np.ndarray:
   """The T + 1 tokens (int16) of draw `index` of `split`'s stream (see the module docstring)."""
-  pairs = num_pairs(length)
-  stream = hashlib.shake_256(f'{SEED}:{split}:{index}'.encode('ascii')).digest(
-      4 * NUM_KEYS + pairs + 8)
-  # Sort number and key index in one integer: distinct, so the K smallest are unambiguous.
-  numbers = (np.frombuffer(stream, '>u4', NUM_KEYS).astype(np.uint64) << np.uint64(KEY_BITS) |
-             np.arange(NUM_KEYS, dtype=np.uint64))
-  smallest = np.sort(np.partition(numbers, pairs - 1)[:pairs])
-  keys = (smallest & np.uint64(NUM_KEYS - 1)).astype(np.int16)
-  values = np.frombuffer(stream, np.uint8, pairs, 4 * NUM_KEYS).astype(np.int16) % NUM_VALUES
-  query = int.from_bytes(stream[-8:], 'big') % pairs
-  tokens = np.empty(2 * pairs + 3, np.int16)
-  tokens[0:2 * pairs:2] = keys
-  tokens[1:2 * pairs:2] = FIRST_VALUE + values
-  tokens[-3:] = MARKER, keys[query], FIRST_VALUE + values[query]
+  prefix = check_length(length) - 2 * PAIRS
+  sizes = (4 * NUM_KEYS, PAIRS, 4 * prefix, prefix, 4 * PAIRS)
+  stream = hashlib.shake_256(f'{SEED}:{split}:{index}'.encode('ascii')).digest(sum(sizes))
+  parts, start = [], 0
+  for size in sizes:
+    parts.append(stream[start:start + size])
+    start += size
+  key_numbers, value_bytes, position_numbers, filler_bytes, query_numbers = parts
+  keys = _smallest(np.frombuffer(key_numbers, '>u4'), PAIRS)
+  values = np.frombuffer(value_bytes, np.uint8).astype(np.int64) % NUM_VALUES
+  positions = np.sort(_smallest(np.frombuffer(position_numbers, '>u4'), PAIRS))
+  tokens = np.empty(length + 1, np.int16)
+  tokens[:prefix] = FIRST_FILLER + np.frombuffer(filler_bytes, np.uint8).astype(np.int64) % NUM_FILLERS
+  tokens[positions] = keys * NUM_VALUES + values
+  tokens[prefix] = MARKER
+  order = np.argsort(np.argsort(np.frombuffer(query_numbers, '>u4'), kind='stable'),
+                     kind='stable')  # pair j is asked in place order[j]
+  tokens[prefix + 1 + 2 * order] = FIRST_KEY + keys
+  tokens[prefix + 2 + 2 * order] = FIRST_VALUE + values
   return tokens
 
 
-def distance(tokens: np.ndarray) -> int:
-  """How many positions before the query key (tokens[-2]) its value sits in the pairs."""
-  pairs = (len(tokens) - 3) // 2
-  q = int(np.flatnonzero(tokens[0:2 * pairs:2] == tokens[-2])[0])
-  return 2 * (pairs - q)
+def distances(tokens: np.ndarray) -> np.ndarray:
+  """int32 [P]: each query's position minus its pair token's, in query order."""
+  prefix = len(tokens) - 1 - 2 * PAIRS
+  pair_keys = {int(t) // NUM_VALUES: p for p, t in enumerate(tokens[:prefix]) if t < FIRST_KEY}
+  query_positions = prefix + 1 + 2 * np.arange(PAIRS)
+  return np.array([q - pair_keys[int(tokens[q]) - FIRST_KEY] for q in query_positions], np.int32)
 
 
 def generate(length: int = DEFAULT_LENGTH) -> dict[str, np.ndarray]:

@@ -1,7 +1,7 @@
 """The generated `associative_recall` data set against a reading of its own.
 
 Records are read back token by token with the vocabulary written out here
-(k0 … k2047, v0 … v63, ?), each answer is found by scanning the pairs for the
+(pair tokens k0:v0 … k31:v7, query keys, values, fillers, ?), each answer is found by scanning the pairs for the
 query key, and the first draws of each split are recomputed from the
 docstring's recipe (SHAKE-256 bytes, sorted with Python's `sorted`), never
 with the generator's code.
@@ -22,10 +22,11 @@ from tests.data.test_datasets import assert_one_sentence
 from train import tasks
 
 SIZES = {'train': 20_000, 'validation': 500, 'test': 1_000}
-LENGTH = 16  # T: 7 pairs, a marker, a query key and its value = 17 tokens
-PAIRS = 7
-VOCAB = [f'k{i}' for i in range(2048)] + [f'v{i}' for i in range(64)] + ['?']
-KEYS, VALUES, MARKER = range(0, 2048), range(2048, 2112), 2112
+LENGTH = 64  # T: 32 positions with 16 pairs and 16 fillers, a marker, 16 queries and answers
+PAIRS, PREFIX = 16, 32
+VOCAB = ([f'k{a}:v{b}' for a in range(32) for b in range(8)] + [f'k{a}' for a in range(32)] +
+         [f'v{b}' for b in range(8)] + [f'f{c}' for c in range(16)] + ['?'])
+MARKER = VOCAB.index('?')
 
 
 @pytest.fixture(scope='module')
@@ -35,40 +36,63 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def prepared(data_dir):
-  """split -> the arrays of its records at length 16."""
+  """split -> the arrays of its records at length 64."""
   return {split: pipeline.InMemorySource(datasets.load('associative_recall', split,
                                                        data_dir=data_dir, length=LENGTH)).arrays
           for split in SIZES}
 
 
-def read(tokens) -> tuple[list[tuple[int, int]], int, int]:
-  """(pairs as (key, value) ids, query key, answer) of a record, checking its layout."""
-  tokens = [int(t) for t in tokens]
-  *body, marker, query, answer = tokens
-  assert marker == MARKER and query in KEYS and answer in VALUES, tokens
-  pairs = list(zip(body[0::2], body[1::2]))
-  assert len(body) % 2 == 0 and all(k in KEYS and v in VALUES for k, v in pairs), tokens
-  return pairs, query, answer
+def read(tokens) -> tuple[dict[str, tuple[str, int]], list[tuple[str, str, int]]]:
+  """({key: (value, position)} of the pair tokens, [(query key, answer, position)]) of a
+  record, read as words, checking its layout."""
+  words = [VOCAB[int(t)] for t in tokens]
+  prefix, marker, queries = words[:-2 * PAIRS - 1], words[-2 * PAIRS - 1], words[-2 * PAIRS:]
+  assert marker == '?' and len(prefix) == len(tokens) - 1 - 2 * PAIRS, words
+  pairs = {}
+  for position, word in enumerate(prefix):
+    if ':' in word:
+      key, value = word.split(':')
+      assert key not in pairs, f'key {key} paired twice in {words}'
+      pairs[key] = (value, position)
+    else:
+      assert word[0] == 'f', words
+  asked = []
+  for j in range(PAIRS):
+    key, answer = queries[2 * j], queries[2 * j + 1]
+    assert key[0] == 'k' and ':' not in key and answer[0] == 'v', words
+    asked.append((key, answer, len(prefix) + 1 + 2 * j))
+  return pairs, asked
 
 
 def reference_draw(split: str, index: int, length: int) -> list[int]:
   """Draw `index` of `split` by the module docstring's recipe, in plain Python."""
-  pairs = (length - 2) // 2
-  stream = hashlib.shake_256(f'0:{split}:{index}'.encode()).digest(4 * 2048 + pairs + 8)
-  numbers = [int.from_bytes(stream[4 * j:4 * j + 4], 'big') for j in range(2048)]
-  keys = sorted(range(2048), key=lambda j: (numbers[j], j))[:pairs]
-  values = [2048 + b % 64 for b in stream[4 * 2048:4 * 2048 + pairs]]
-  q = int.from_bytes(stream[-8:], 'big') % pairs
-  return [t for pair in zip(keys, values) for t in pair] + [MARKER, keys[q], values[q]]
+  n = length - 2 * PAIRS
+  stream = hashlib.shake_256(f'0:{split}:{index}'.encode()).digest(
+      4 * 32 + PAIRS + 4 * n + n + 4 * PAIRS)
+  numbers = lambda start, count: [int.from_bytes(stream[start + 4 * i:start + 4 * i + 4], 'big')
+                                  for i in range(count)]
+  by_number = lambda values: sorted(range(len(values)), key=lambda i: (values[i], i))
+  keys = by_number(numbers(0, 32))[:PAIRS]
+  values = [b % 8 for b in stream[128:128 + PAIRS]]
+  positions = sorted(by_number(numbers(128 + PAIRS, n))[:PAIRS])
+  fillers = stream[128 + PAIRS + 4 * n:128 + PAIRS + 5 * n]
+  ranks = by_number(numbers(128 + PAIRS + 5 * n, PAIRS))  # ranks[r] is the pair asked r-th
+  words = [f'f{b % 16}' for b in fillers]
+  for key, value, position in zip(keys, values, positions):
+    words[position] = f'k{key}:v{value}'
+  words.append('?')
+  for j in ranks:
+    words += [f'k{keys[j]}', f'v{values[j]}']
+  return [VOCAB.index(word) for word in words]
 
 
 def test_tokenizer_reads_and_writes_the_readable_form():
   tokenizer = associative_recall.Tokenizer()
-  assert tokenizer.vocab == VOCAB and tokenizer.vocab_size == 2113
-  ids = tokenizer.encode('k12 v7 k2047 v63 ? k12 v7')
-  assert ids == [12, 2055, 2047, 2111, 2112, 12, 2055]
-  assert tokenizer.decode(ids) == 'k12 v7 k2047 v63 ? k12 v7'
-  for text, part in (('k12 x3', "'x3'"), ('k2048', "'k2048'"), ('\n', 'no')):
+  assert tokenizer.vocab == VOCAB and tokenizer.vocab_size == 313
+  ids = tokenizer.encode('f3 k12:v7 k31:v0 ? k12 v7')
+  assert ids == [299, 103, 248, 312, 268, 295]
+  assert tokenizer.decode(ids) == 'f3 k12:v7 k31:v0 ? k12 v7'
+  for text, part in (('k12 x3', "'x3'"), ('k32', "'k32'"), ('\n', 'no')):
     with pytest.raises(ValueError) as error:
       tokenizer.encode(text)
     assert_one_sentence(str(error.value), part)
@@ -79,65 +103,64 @@ def test_split_sizes_and_record_layout(prepared):
   for arrays in prepared.values():
     assert arrays['tokens'].dtype == np.int16 and arrays['tokens'].shape[1:] == (LENGTH + 1,)
     assert arrays['weights'].dtype == np.uint8 and arrays['weights'].shape[1:] == (LENGTH,)
-    # The prediction at the query key, of the last token, is the only one scored.
-    assert np.all(arrays['weights'][:, :-1] == 0) and np.all(arrays['weights'][:, -1] == 1)
+    # The predictions at the 16 query keys, of their answers, are the only ones scored.
+    scored = np.flatnonzero(arrays['weights'][0])
+    np.testing.assert_array_equal(scored, PREFIX + 1 + 2 * np.arange(PAIRS))
+    assert np.all(arrays['weights'] == arrays['weights'][0])
 
 
-def test_each_answer_is_the_value_paired_with_the_query_key(prepared):
+def test_each_answer_is_the_value_paired_with_its_query_key(prepared):
   for arrays in prepared.values():
-    for tokens, distance in zip(arrays['tokens'], arrays['distance']):
-      pairs, query, answer = read(tokens)
-      assert len(pairs) == PAIRS
-      keys = [k for k, _ in pairs]
-      assert len(set(keys)) == PAIRS, f'repeated key in {tokens}'
-      matches = [i for i, (k, _) in enumerate(pairs) if k == query]
-      assert len(matches) == 1 and pairs[matches[0]][1] == answer, tokens
-      value_position, query_position = 2 * matches[0] + 1, len(tokens) - 2
-      assert distance == query_position - value_position
+    for tokens, distance in zip(arrays['tokens'][:200], arrays['distance'][:200]):
+      pairs, asked = read(tokens)
+      assert len(pairs) == PAIRS and sorted(key for key, _, _ in asked) == sorted(pairs)
+      for (key, answer, position), d in zip(asked, distance):
+        value, pair_position = pairs[key]
+        assert answer == value and d == position - pair_position, (VOCAB[int(t)] for t in tokens)
 
 
-def test_query_pairs_and_values_are_uniform(prepared):
-  distances = collections.Counter(prepared['train']['distance'].tolist())
-  assert sorted(distances) == list(range(2, 2 * PAIRS + 1, 2))
-  expected = SIZES['train'] / PAIRS  # sd = sqrt(n p (1 - p)) ≈ 49
-  assert all(abs(count - expected) < 250 for count in distances.values()), distances
-  values = collections.Counter(prepared['train']['tokens'][:, 1:-3:2].ravel().tolist())
-  assert sorted(values) == list(VALUES)
+def test_positions_keys_and_values_are_uniform(prepared):
+  tokens = prepared['train']['tokens'][:, :PREFIX]
+  is_pair = tokens < 256
+  # Each of the 32 positions holds a pair with probability 1/2: sd = sqrt(n/4) ≈ 71.
+  per_position = is_pair.sum(0)
+  assert np.all(np.abs(per_position - SIZES['train'] / 2) < 5 * 71), per_position
+  counts = collections.Counter(tokens[is_pair].tolist())
+  assert sorted(counts) == list(range(256))  # every key with every value
+  fillers = collections.Counter(tokens[~is_pair].tolist())
+  assert sorted(fillers) == list(range(296, 312))
 
 
 def test_records_are_the_documented_draws(prepared):
   for split in SIZES:
     for i in range(3):
       assert prepared[split]['tokens'][i].tolist() == reference_draw(split, i, LENGTH), (split, i)
-  # At the experiment's length too (1,023 pairs), where most keys take part.
+  # At the experiment's length too.
   assert associative_recall.draw('test', 5, 2048).tolist() == reference_draw('test', 5, 2048)
 
 
-def test_generating_again_gives_the_same_records(prepared):
-  again = associative_recall.generate(LENGTH)
+def test_records_are_their_draws_made_alone(prepared):
+  # No held-out record repeats at this length, so record i of a split is draw i of its stream:
+  # generating is a function of (split, i) alone, the same on every machine and run.
+  rng = np.random.default_rng(0)
   for split in SIZES:
-    np.testing.assert_array_equal(again[split], prepared[split]['tokens'])
+    for i in rng.choice(SIZES[split], 20, replace=False):
+      np.testing.assert_array_equal(prepared[split]['tokens'][i],
+                                    associative_recall.draw(split, int(i), LENGTH))
 
 
-def test_held_out_records_are_distinct_and_never_in_train():
-  # At T = 4 there are 2048 * 64 possible examples, so draws do collide.
-  records = associative_recall.generate(4)
-  seen = {split: [row.tobytes() for row in rows] for split, rows in records.items()}
-  held_out = seen['validation'] + seen['test']
-  assert len(set(held_out)) == len(held_out)
-  assert not set(seen['train']) & set(held_out)
-  assert len(set(seen['train'])) < len(seen['train'])  # train may repeat itself
-  for rows in records.values():
-    for tokens in rows:
-      pairs, query, answer = read(tokens)
-      assert pairs == [(query, answer)]
+def test_held_out_records_are_distinct_and_never_in_train(prepared):
+  seen = {split: {row.tobytes() for row in arrays['tokens']} for split, arrays in prepared.items()}
+  assert len(seen['validation']) == SIZES['validation'] and len(seen['test']) == SIZES['test']
+  assert not seen['train'] & (seen['validation'] | seen['test'])
+  assert not seen['validation'] & seen['test']
 
 
-@pytest.mark.parametrize('length', [63, 2, 0, -4, 4100, '64', 64.0, True])
+@pytest.mark.parametrize('length', [63, 96, 32, 0, 32768, '64', 64.0, True])
 def test_a_length_no_example_can_have_is_refused(length, tmp_path):
   with pytest.raises(ValueError) as error:
     datasets.load('associative_recall', 'train', data_dir=tmp_path, length=length)
-  assert_one_sentence(str(error.value), repr(length), 'even integer from 4 to 4098')
+  assert_one_sentence(str(error.value), repr(length), 'power of two from 64 to 16384')
   assert not any(tmp_path.iterdir())
 
 
@@ -157,7 +180,7 @@ def _data_config(data_dir, **overrides):
 def test_batches_reach_the_language_model_task(data_dir, prepared, tmp_path):
   train, evaluation, meta = inputs.make_sources(_data_config(data_dir), str(tmp_path / 'work'))
   assert (len(train), len(evaluation)) == (SIZES['train'], SIZES['validation'])
-  assert meta['model_defaults'] == {'vocab_size': 2113} and meta['window'] == LENGTH
+  assert meta['model_defaults'] == {'vocab_size': 313} and meta['window'] == LENGTH
   assert meta['unit'] == 'token' and meta['tokenizer'].vocab == VOCAB
   assert 'workdir_files' not in meta  # the vocabulary is the data set's, nothing to keep
   task = tasks.build('language_model', meta, sample_length=0)
@@ -166,15 +189,19 @@ def test_batches_reach_the_language_model_task(data_dir, prepared, tmp_path):
   assert batch['weights'].shape == (5, LENGTH) and batch['weights'].dtype == np.float32
   inputs_BxT, = task.model_inputs(batch)
   assert inputs_BxT.shape == (5, LENGTH)
-  # Logits for the scanned answers at the query key only (a wrong token elsewhere), and
+  # Logits for the scanned answers at the query keys only (a wrong token elsewhere), and
   # for every target but those: accuracy and loss must see the answers alone.
-  answers_B = np.array([read(tokens)[2] for tokens in batch['tokens']])
-  at_query_T = np.arange(LENGTH) == LENGTH - 1
-  only_answers_BxT = np.where(at_query_T, answers_B[:, None], MARKER)
-  all_but_answers_BxT = np.where(at_query_T, MARKER, batch['tokens'][:, 1:])
+  at_query_BxT = np.zeros((5, LENGTH), bool)
+  answers_BxT = np.full((5, LENGTH), MARKER)
+  for b, tokens in enumerate(batch['tokens']):
+    for _, answer, position in read(tokens)[1]:
+      at_query_BxT[b, position] = True
+      answers_BxT[b, position] = VOCAB.index(answer)
+  only_answers_BxT = answers_BxT
+  all_but_answers_BxT = np.where(at_query_BxT, MARKER, batch['tokens'][:, 1:])
 
   def report(predicted_BxT):
-    model = lambda tokens_BxT: 30.0 * np.eye(2113, dtype=np.float32)[predicted_BxT]
+    model = lambda tokens_BxT: 30.0 * np.eye(313, dtype=np.float32)[predicted_BxT]
     metrics = task.loss(model, batch)
     return task.finalize({name: (float(np.sum(total)), float(np.sum(weight)))
                           for name, (total, weight) in metrics.items()})
@@ -185,8 +212,8 @@ def test_batches_reach_the_language_model_task(data_dir, prepared, tmp_path):
 
 
 def test_data_config_mistakes_are_refused(data_dir, prepared, tmp_path):
-  for overrides, parts in (({'window': 32}, ['16', '32', 'data.window']),
-                           ({'vocab_size': 2113}, ['data.vocab_size', '2113']),
+  for overrides, parts in (({'window': 32}, ['64', '32', 'data.window']),
+                           ({'vocab_size': 313}, ['data.vocab_size', '313']),
                            ({'name': 'digits', 'options': {}}, ["'digits'", 'char']),
                            ({'tokenizer': 'datset'}, ["'datset'", "'dataset'"])):
     with pytest.raises(ValueError) as error:

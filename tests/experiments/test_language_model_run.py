@@ -95,3 +95,29 @@ def test_language_model_trains_evaluates_samples_and_resumes(config, tmp_path):
   assert bad.returncode == 1
   assert bad.stderr.strip().splitlines()[-1].startswith("error: --prompt='JULIET@' cannot be encoded")
   assert np.isfinite(final['loss'])
+
+
+def test_evaluate_reproduces_the_run_and_applies_config_changes(config, tmp_path):
+  from experiments import evaluate  # pylint: disable=g-import-not-at-top
+  config.num_train_steps = 10
+  config.eval_every_steps = config.checkpoint_every_steps = 10
+  config.task.sample_length = 0
+  workdir = str(tmp_path / 'run')
+  loop.train_and_evaluate(config, workdir)
+  final = _records(workdir, 'eval')[-1]
+  again = evaluate.evaluate(workdir)
+  assert again['step'] == 10 and again['window'] == 32 and 'overrides' not in again
+  # The same checkpoint over the same windows: the run's own final evaluation.
+  assert again['metrics']['loss'] == pytest.approx(final['loss'], rel=1e-5)
+  # Metrics are weighted sums over the whole split, so the batch size changes nothing, while
+  # other windows change the characters scored.
+  rebatched = evaluate.evaluate(workdir, overrides=['eval_batch_size=3'])
+  assert rebatched['overrides'] == {'eval_batch_size': 3}
+  assert rebatched['metrics']['loss'] == pytest.approx(final['loss'], rel=1e-5)
+  shorter = evaluate.evaluate(workdir, overrides=['data.window=16'])
+  assert shorter['window'] == 16 and shorter['metrics']['loss'] != pytest.approx(final['loss'])
+  for overrides, part in ((['data.windw=16'], "data has no key 'windw'"),
+                          (['window'], "'window' must have the form"),
+                          (['eval_batch_size=[3]'], 'wrong type')):
+    with pytest.raises(ValueError, match=part):
+      evaluate.evaluate(workdir, overrides=overrides)
