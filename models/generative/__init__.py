@@ -1,0 +1,1 @@
+"""Generative models: autoencoders and VAEs, diffusion (DDPM, score SDEs, cold, discrete)."""
