@@ -2,11 +2,11 @@ r"""Character GPT on Tiny Shakespeare at context 1,024, one run per attention ki
 
 The same model, data and budget for every kind; only `model.attention` changes:
 2 pre-LN layers of width 128, 4 heads of width 32, learned positions, tied
-embeddings, no dropout; windows of 1,024 characters, batch 2 (2,048 characters
-a step: many small steps train this model further than few large ones for the same
-compute), AdamW with warmup and cosine decay, 1,600 steps (3.3M characters, 3.3 epochs). Validation reports
-bits per character over every validation window, so the kinds compare on the
-same characters; the train log reports steps/s.
+embeddings, no dropout; windows of 1,024 characters, batch 2 (2,048 characters a
+step: for the same compute, many small steps train this model further than few
+large ones), AdamW with warmup and cosine decay, 1,600 steps (3.3M characters,
+3.3 epochs). Validation reports bits per character over every validation window,
+so the kinds compare on the same characters; the train log reports examples/s.
 
   python -m experiments.main --config=experiments/configs/shakespeare_char_gpt_long_context.py \
       --workdir=workdirs/long_context_exact --config.model.attention=exact
