@@ -5,7 +5,8 @@ record data sets (images, vectors) come back as random-access splits, held in
 memory as stacked arrays when `in_memory`; text data sets named with a
 `tokenizer` come back as token windows (`data.text`); series data sets named
 with a `series_window` come back as forecasting windows (`data.series`). `meta`
-describes the data for the task and the model: its `features`, `num_classes`
+describes the data for the task and the model: its `features` (and one record's
+`shapes`), `num_classes`
 when the label has them, or the tokenizer, vocabulary and text unit, or the
 series' scaler and unit; `meta['model_defaults']` holds model options the data
 determines (`vocab_size`, `num_classes`, `horizon`).
@@ -41,5 +42,8 @@ def make_sources(data_config, workdir: str):
     if getattr(label, 'num_classes', None):
       meta['num_classes'] = label.num_classes
       meta['model_defaults'] = {'num_classes': label.num_classes}
-  meta.setdefault('features', tuple(sorted(pipeline.read_batch(train_source, np.zeros(1, np.int64)))))
+  first = pipeline.read_batch(train_source, np.zeros(1, np.int64))
+  meta.setdefault('features', tuple(sorted(first)))
+  # One record's shape per feature, e.g. for a generative task's samples.
+  meta.setdefault('shapes', {name: tuple(np.shape(value)[1:]) for name, value in first.items()})
   return train_source, eval_source, meta

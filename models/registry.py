@@ -6,6 +6,9 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.generative import autoencoders
+from models.generative.time_mlp import TimeMLP
+from models.generative.unet import UNet
 from models.mlp import MLP
 from models.sequence.causal_conv import CausalConvLM
 from models.sequence import rnn_models
@@ -34,6 +37,13 @@ MODELS: dict[str, type[nn.Module]] = {
     'transformer_seq2seq': TransformerSeq2Seq,
     'bert': BERT,
     'vit': ViT,
+    'autoencoder': autoencoders.Autoencoder,
+    'denoising_autoencoder': autoencoders.DenoisingAutoencoder,
+    'sparse_autoencoder': autoencoders.SparseAutoencoder,
+    'contractive_autoencoder': autoencoders.ContractiveAutoencoder,
+    'vae': autoencoders.VAE,
+    'unet': UNet,
+    'time_mlp': TimeMLP,
 }
 
 # Compute dtypes a config may name; parameters stay float32.

@@ -6,8 +6,10 @@ See `train/tasks/base.py` for the contract every task follows.
 import dataclasses
 from typing import Any, Mapping
 
+from train.tasks.autoencoder import Autoencoding, VariationalAutoencoding
 from train.tasks.base import BoundModel, HookContext, Metrics, Task, mean_over, ratio, stream_key
 from train.tasks.classification import Classification
+from train.tasks.diffusion import Diffusion
 from train.tasks.forecasting import Forecasting
 from train.tasks.lm import LanguageModel
 from train.tasks.mlm import MaskedLanguageModel
@@ -21,6 +23,9 @@ TASKS: dict[str, type[Task]] = {
     'seq2seq': Seq2Seq,
     'tagging': Tagging,
     'forecasting': Forecasting,
+    'diffusion': Diffusion,
+    'autoencoder': Autoencoding,
+    'vae': VariationalAutoencoding,
 }
 
 

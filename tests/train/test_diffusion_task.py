@@ -1,0 +1,136 @@
+"""The diffusion task's objectives against their expected values for Gaussian data, where the
+best predictor is known in closed form, computed here from the papers' formulas (not from
+models/generative); the d3pm and sampling paths by shape and range; option errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models.generative.time_mlp import TimeMLP
+from train import tasks
+from train.tasks import diffusion
+
+N, D = 4096, 2
+
+
+class Stub:
+  """A model for `task.loss`: a function of (x_t, t) and the step's 'diffusion' key."""
+
+  def __init__(self, fn, seed=0):
+    self.fn, self.rngs = fn, {'diffusion': jax.random.PRNGKey(seed)}
+
+  def __call__(self, x, t):
+    return self.fn(x, t)
+
+
+def _loss(task, fn, x0):
+  batch = task.preprocess({task.input_key: x0})
+  total_B, weight_B = task.loss(Stub(fn), batch)['loss']
+  values = np.asarray(total_B) / np.asarray(weight_B)
+  return values.mean(), values.std() / np.sqrt(len(values))
+
+
+@pytest.fixture(scope='module')
+def gaussian_points():
+  return np.random.default_rng(0).normal(size=(N, D)).astype(np.float32)
+
+
+def test_ddpm_loss_is_the_noise_error_per_dimension(gaussian_points):
+  task = tasks.build('diffusion', {'features': ('x',)}, objective='ddpm', input_key='x')
+  # x_0 ~ N(0, I): x_t ~ N(0, I) too, and E[ε | x_t] = √(1 − ᾱ_t) x_t, whose error per
+  # dimension is 1 − (1 − ᾱ_t) = ᾱ_t; ᾱ_t from Ho et al.'s linear β, t uniform on 1 … 1,000.
+  alpha_bars = np.cumprod(1 - np.linspace(1e-4, 0.02, 1000))
+  best = lambda x, t: jnp.sqrt(1 - jnp.asarray(alpha_bars, jnp.float32)[t - 1])[:, None] * x
+  mean, se = _loss(task, best, gaussian_points)
+  assert abs(mean - alpha_bars.mean()) < 4 * se, (mean, alpha_bars.mean(), se)
+  # Predicting 0 leaves the whole noise: 1 per dimension.
+  mean, se = _loss(task, lambda x, t: jnp.zeros_like(x), gaussian_points)
+  assert abs(mean - 1) < 4 * se and alpha_bars.mean() < 0.5
+
+
+def test_score_sde_loss_at_the_exact_score(gaussian_points):
+  task = tasks.build('diffusion', {'features': ('x',)}, objective='score_sde', sde='vp',
+                     input_key='x')
+  # VP SDE (β from 0.1 to 20): m(t) = exp(−¼ t²(β₁ − β₀) − ½ t β₀), s² = 1 − m², so
+  # N(0, I) data stays N(0, I) and its score is −x_t. The network's output o gives the score
+  # −o/s, so the exact score is o = s·x_t, and the weighted loss ‖s·score + z‖² per dimension
+  # is s²m² + (1 − s²)² = m², averaged over t ~ U[ε, 1].
+  m = lambda t: np.exp(-0.25 * t ** 2 * 19.9 - 0.05 * t)
+  std = lambda t: jnp.sqrt(1 - jnp.exp(-0.5 * t ** 2 * 19.9 - 0.1 * t))
+  t_grid = np.linspace(1e-5, 1, 100_001)
+  expected = np.mean(m(t_grid) ** 2)
+  mean, se = _loss(task, lambda x, t: std(t)[:, None] * x, gaussian_points)
+  assert abs(mean - expected) < 4 * se, (mean, expected, se)
+  mean, se = _loss(task, lambda x, t: jnp.zeros_like(x), gaussian_points)
+  assert abs(mean - 1) < 4 * se and expected < 0.5
+
+
+def test_cold_loss_of_the_identity_restorer_counts_the_masked_pixels():
+  steps, h, w = 10, 4, 5
+  task = tasks.build('diffusion', {'features': ('image',)}, objective='cold',
+                     degradation='mask', num_steps=steps)
+  # Constant images of 255 are 1 after scaling; the mask writes 0, so the identity restorer
+  # errs by 1 on each masked pixel: ⌈tN/T⌉ / N of them at step t ~ U{1 … T}.
+  images = np.full((N, h, w, 1), 255, np.uint8)
+  batch = task.preprocess({'image': images})
+  total_B, _ = task.loss(Stub(lambda x, t: x), batch)['loss']
+  expected = np.mean([np.ceil(t * h * w / steps) / (h * w) for t in range(1, steps + 1)])
+  values = np.asarray(total_B)
+  assert abs(values.mean() - expected) < 4 * values.std() / np.sqrt(N), (values.mean(), expected)
+  assert set(np.round(values * h * w).astype(int)) <= {int(np.ceil(t * h * w / steps))
+                                                     for t in range(1, steps + 1)}
+
+
+def test_d3pm_binarises_images_and_its_loss_prefers_the_right_predictor():
+  task = tasks.build('diffusion', {'features': ('image',)}, objective='d3pm', num_steps=20)
+  images = np.zeros((64, 4, 4, 1), np.uint8)
+  images[:, :2] = 200  # top half on, bottom half off
+  batch = task.preprocess({'image': images})
+  assert batch['x0'].dtype == np.int32 and set(np.unique(batch['x0'])) == {0, 1}
+  truth = jnp.asarray(batch['x0'][0, ..., 0])
+  right = lambda x, t: 10.0 * jax.nn.one_hot(jnp.broadcast_to(truth, x.shape[:3]), 3)
+  wrong = lambda x, t: 10.0 * jax.nn.one_hot(jnp.broadcast_to(1 - truth, x.shape[:3]), 3)
+  # The network sees the absorbing process's three categories as one-hot channels.
+  seen = []
+  _loss(task, lambda x, t: seen.append(x.shape) or right(x, t), images)
+  assert seen == [(64, 4, 4, 3)]
+  right_loss, _ = _loss(task, right, images)
+  wrong_loss, _ = _loss(task, wrong, images)
+  # Measured 0.65 nats per position for the inverted predictor, against almost 0: only masked
+  # positions depend on the prediction, and λ = 0.01 weighs its cross-entropy of about 10.
+  assert right_loss < 0.01 and wrong_loss > 0.3, (right_loss, wrong_loss)
+
+
+@pytest.mark.parametrize('objective', ['ddpm', 'score_sde'])
+def test_samples_of_an_untrained_network_have_the_data_shape(objective):
+  meta = {'features': ('x',), 'shapes': {'x': (2,)}}
+  task = tasks.build('diffusion', meta, objective=objective, input_key='x')
+  model = TimeMLP(hidden=(8,), embed_dim=4)
+  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 2)), jnp.ones((1,)))
+  # VP's reverse-diffusion predictor needs β(t)·dt < 1, so more than 20 steps.
+  steps = 4 if objective == 'ddpm' else 25
+  x = task.sample(model, variables, jax.random.PRNGKey(1), 5, steps=steps)
+  assert x.shape == (5, 2) and np.all((0 <= x) & (x <= 1))
+
+
+def test_image_grid_places_each_image():
+  images = np.arange(5 * 2 * 3, dtype=np.float32).reshape(5, 2, 3, 1) / 30
+  grid = diffusion.image_grid(images, columns=3)
+  assert grid.shape == (2 * 2 + 1, 3 * 3 + 2, 1)
+  np.testing.assert_array_equal(grid[3:5, 4:7], images[4])
+  np.testing.assert_array_equal(grid[2], 1.0)  # the separating row
+
+
+@pytest.mark.parametrize('options, part', [
+    ({'objective': 'ddim'}, "task.objective='ddim'; allowed: ddpm, score_sde, cold, d3pm"),
+    ({'objective': 'score_sde', 'sde': 'vpp'}, "task.sde='vpp'; allowed: vp, subvp, ve"),
+    ({'objective': 'cold', 'degradation': 'noise'}, "degradation='noise'"),
+    ({'num_steps': -1}, 'num_steps must be a non-negative integer'),
+    ({'num_steps': 10, 'sample_steps': 11}, 'sample_steps=11 exceeds the 10 steps'),
+    ({'input_key': 'pixels'}, "input_key='pixels' is not a feature"),
+    ({'objective': 'score_sde', 'sample_steps': 20}, 'sample_steps=20 is too few for the vp'),
+])
+def test_bad_options_are_refused_in_one_sentence(options, part):
+  with pytest.raises(ValueError, match=part.replace('(', r'\(')):
+    tasks.build('diffusion', {'features': ('image',)}, **options)

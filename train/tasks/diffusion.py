@@ -1,0 +1,210 @@
+"""Diffusion: one task for the denoising objectives of models/generative/.
+
+`model(x_t, t) → output` of the shape the objective needs (a U-Net for images, a
+time-conditioned MLP for points); the objective decides what x_t, t and the target are:
+
+  objective   x_t                                   model predicts       loss per example
+  ddpm        √ᾱ_t x_0 + √(1 − ᾱ_t) ε, t ~ U{1…T}    ε                    ‖ε − ε̂‖² / D (Ho et al. 2020, eq. 14)
+  score_sde   x_0 m(t) + s(t) z, t ~ U[ε, 1]         −z (score = −out/s)   ‖s·score + z‖² / D (Song et al. 2021, eq. 7, λ = s²)
+  cold        D(x_0, t), t ~ U{1…T}                  x_0                  ‖R − x_0‖₁ / D (Bansal et al. 2022)
+  d3pm        x_t ~ q(x_t | x_0), t ~ U{1…T}         logits of x_0        L_vb(t) + λ CE (Austin et al. 2021, eq. 5), per position
+
+with D the number of dimensions of an example. Images (uint8 records) are scaled to [−1, 1]
+(ddpm, score_sde, cold) or binarised at 128 (d3pm: two categories, plus the mask of the
+absorbing process); real-valued records (the 2-D mixtures) are used as they are. Draws come
+from the task's 'diffusion' stream, in training and evaluation alike.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.generative import cold as cold_lib
+from models.generative import d3pm as d3pm_lib
+from models.generative import ddpm as ddpm_lib
+from models.generative import sde as sde_lib
+from train.tasks import base
+
+OBJECTIVES = ('ddpm', 'score_sde', 'cold', 'd3pm')
+SDES = {'vp': sde_lib.VPSDE, 'subvp': sde_lib.SubVPSDE, 've': sde_lib.VESDE}
+DEGRADATIONS = ('blur', 'mask')
+TRANSITIONS = ('uniform', 'absorbing')
+DEFAULT_STEPS = {'ddpm': 1000, 'cold': 50, 'd3pm': 1000}
+
+
+@dataclasses.dataclass(frozen=True)
+class Diffusion(base.Task):
+  """Options:
+    objective: one of OBJECTIVES (table above).
+    input_key: the record feature that is x_0.
+    num_steps: T of ddpm, cold and d3pm (0: 1,000, 50 and 1,000).
+    beta_start, beta_end: ddpm's linear β schedule (Ho et al.: 1e-4 to 0.02).
+    sde: 'vp', 'subvp' or 've' (score_sde, with the SDE's default constants).
+    degradation, blur_sigma: cold's degradation ('blur': a Gaussian of this σ per step, or
+      'mask': pixels hidden in a fixed random order).
+    transition, hybrid_weight: d3pm's transition matrices and the λ of its hybrid loss.
+    num_samples, sample_steps: after each evaluation, a grid of `num_samples` images sampled
+      with `sample_steps` network calls (0: T; ddpm respaced, score_sde's PC sampler), for
+      ddpm, score_sde and d3pm on images; 0 samples: none.
+  """
+  rng_streams = ('dropout', 'diffusion')
+
+  objective: str = 'ddpm'
+  input_key: str = 'image'
+  num_steps: int = 0
+  beta_start: float = 1e-4
+  beta_end: float = 0.02
+  sde: str = 'vp'
+  degradation: str = 'blur'
+  blur_sigma: float = 1.0
+  transition: str = 'absorbing'
+  hybrid_weight: float = d3pm_lib.DEFAULT_HYBRID_WEIGHT
+  num_samples: int = 0
+  sample_steps: int = 0
+
+  def validate(self):
+    for name, value, allowed in (('objective', self.objective, OBJECTIVES),
+                                 ('sde', self.sde, tuple(SDES)),
+                                 ('degradation', self.degradation, DEGRADATIONS),
+                                 ('transition', self.transition, TRANSITIONS)):
+      if value not in allowed:
+        raise ValueError(f'task.{name}={value!r}; allowed: {", ".join(allowed)}.')
+    for name in ('num_steps', 'num_samples', 'sample_steps'):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f'task.{name} must be a non-negative integer, got {value!r}.')
+    features = self.meta.get('features')
+    if features is not None and self.input_key not in features:
+      raise ValueError(f'task.input_key={self.input_key!r} is not a feature of the data set; '
+                       f'its features are: {", ".join(sorted(features))}.')
+    steps = self.num_steps or DEFAULT_STEPS.get(self.objective, 0)
+    if self.sample_steps > max(steps, 1) and self.objective != 'score_sde':
+      raise ValueError(f'task.sample_steps={self.sample_steps} exceeds the {steps} steps of '
+                       f'the {self.objective} process.')
+    if (self.objective == 'score_sde' and self.sde in ('vp', 'subvp')
+        and 0 < self.sample_steps <= sde_lib.VPSDE().beta_max):
+      raise ValueError(f'task.sample_steps={self.sample_steps} is too few for the {self.sde} '
+                       'SDE\'s reverse-diffusion predictor, whose discrete β(t)·dt must stay '
+                       f'below 1; give more than {sde_lib.VPSDE().beta_max:g}.')
+    parts = {'steps': steps}
+    if self.objective == 'ddpm':
+      parts['schedule'] = ddpm_lib.linear_schedule(steps, self.beta_start, self.beta_end)
+    elif self.objective == 'score_sde':
+      parts['sde'] = SDES[self.sde]()
+    elif self.objective == 'd3pm':
+      parts['schedule'] = d3pm_lib.make_schedule(
+          self.transition, 3 if self.transition == 'absorbing' else 2, steps)
+    object.__setattr__(self, '_parts', parts)
+
+  # Host side ------------------------------------------------------------------
+
+  def preprocess(self, records):
+    x = np.asarray(records[self.input_key])
+    if x.dtype == np.uint8:
+      x = ((x >= 128).astype(np.int32) if self.objective == 'd3pm'
+           else x.astype(np.float32) / 127.5 - 1)
+    elif self.objective == 'd3pm':
+      raise ValueError(f'task.objective=\'d3pm\' needs uint8 images; {self.input_key!r} holds '
+                       f'{x.dtype}.')
+    else:
+      x = x.astype(np.float32)
+    return {'x0': x}
+
+  # Device side ----------------------------------------------------------------
+
+  def model_inputs(self, batch):
+    x0 = batch['x0']
+    t_B = jnp.ones(x0.shape[:1], jnp.float32 if self.objective == 'score_sde' else jnp.int32)
+    return (self._network_input(x0), t_B)
+
+  def _network_input(self, x):
+    """d3pm's categories as one-hot channels (the mask is the last); others as they are."""
+    if self.objective != 'd3pm':
+      return x
+    return jax.nn.one_hot(x[..., 0], self._parts['schedule'].num_classes)
+
+  def _model_fns(self, model):
+    """The model as the objective's function of (x_t, t)."""
+    if self.objective == 'score_sde':
+      sde = self._parts['sde']
+
+      def score_fn(x, t_B):
+        _, std = sde.marginal(jnp.zeros_like(x), t_B)
+        return -model(x, t_B).astype(jnp.float32) / std
+      return score_fn
+    if self.objective == 'd3pm':
+      # x_t [B, H, W] categories → logits [B, H, W, K].
+      return lambda x_t, t_B: model(self._network_input(x_t[..., None]), t_B).astype(jnp.float32)
+    return lambda x, t_B: model(x, t_B).astype(jnp.float32)
+
+  def _degrade_fn(self, x0):
+    if self.degradation == 'blur':
+      return lambda x, t_B: cold_lib.blur(x, t_B, sigma=self.blur_sigma)
+    rank_HxW = cold_lib.pixel_order(jax.random.PRNGKey(0), x0.shape[1], x0.shape[2])
+    return lambda x, t_B: cold_lib.mask(x, t_B, rank_HxW=rank_HxW,
+                                        num_steps=self._parts['steps'])
+
+  def loss(self, model, batch):
+    x0, key = batch['x0'], model.rngs['diffusion']
+    fn = self._model_fns(model)
+    per_dim = 1.0 / np.prod(x0.shape[1:])
+    if self.objective == 'ddpm':
+      loss_B = ddpm_lib.loss_terms(self._parts['schedule'], fn, x0, key) * per_dim
+    elif self.objective == 'score_sde':
+      loss_B = sde_lib.dsm_loss(self._parts['sde'], fn, x0, key) * per_dim
+    elif self.objective == 'cold':
+      t_B = jax.random.randint(key, x0.shape[:1], 1, self._parts['steps'] + 1)
+      loss_B = cold_lib.restoration_loss(fn, self._degrade_fn(x0), x0, t_B)
+    else:
+      loss_B = d3pm_lib.hybrid_loss(key, self._parts['schedule'], fn, x0[..., 0],
+                                    self.hybrid_weight)
+    return {'loss': base.mean_over(loss_B)}
+
+  # Sampling ---------------------------------------------------------------------
+
+  def sample(self, module, variables, key, num: int, steps: int = 0, shape=None) -> jax.Array:
+    """`num` samples x_0 [num, …] of the trained model (images in [0, 1]), with `steps`
+    network calls (0: every step of the process); `shape` is one example's (default: the
+    data's, from `meta['shapes']`)."""
+    shape = tuple(shape or self.meta['shapes'][self.input_key])
+    apply = lambda x, t: module.apply(variables, x, t)
+    fn = self._model_fns(apply)
+    full = (num,) + shape
+    if self.objective == 'ddpm':
+      x = ddpm_lib.sample(self._parts['schedule'], fn, full, key, num_steps=steps or None)
+    elif self.objective == 'score_sde':
+      x = sde_lib.pc_sample(self._parts['sde'], fn, full, key, num_steps=steps or 1000)
+    elif self.objective == 'd3pm':
+      x = d3pm_lib.sample(key, self._parts['schedule'], fn, full[:-1])[..., None]
+      return x.astype(jnp.float32)
+    else:
+      raise ValueError('task.objective=\'cold\' samples from a degraded image; use '
+                       'models.generative.cold.improved_sample with one.')
+    return jnp.clip((x + 1) / 2, 0, 1)
+
+  def eval_hooks(self):
+    wants = self.num_samples and self.objective != 'cold'
+    return [self._sample_grid] if wants and self.meta.get('shapes') else []
+
+  def _sample_grid(self, context: base.HookContext) -> dict:
+    images = np.asarray(jax.jit(lambda v, k: self.sample(
+        context.module, v, k, self.num_samples, self.sample_steps))(context.variables,
+                                                                     context.rng))
+    if images.ndim != 4:
+      return {}
+    return {'samples': image_grid(images)}
+
+
+def image_grid(images_NxHxWxC: np.ndarray, columns: int | None = None) -> np.ndarray:
+  """The images side by side, `columns` per row (default ⌈√N⌉), one pixel of 1 between."""
+  n, h, w, c = images_NxHxWxC.shape
+  columns = columns or int(np.ceil(np.sqrt(n)))
+  rows = -(-n // columns)
+  grid = np.ones((rows * (h + 1) - 1, columns * (w + 1) - 1, c), np.float32)
+  for i, image in enumerate(images_NxHxWxC):
+    r, col = divmod(i, columns)
+    grid[r * (h + 1):r * (h + 1) + h, col * (w + 1):col * (w + 1) + w] = image
+  return grid
