@@ -23,10 +23,14 @@ Eight data sets are prepared from this machine alone (see `data/builders/`):
                     'tags' uint8 (64,) 1 where upper case, 'length' int32
   associative_recall
                     train 20,000 / validation 500 / test 1,000, generated at
-                    the option `length` T (even, 4 to 4,098; default 2,048):
-                    'tokens' int16 (T + 1,) key-value pairs, a query key and
-                    its value; 'weights' uint8 (T,) 1 at the answer only;
-                    'distance' int32, how far back the answer's value lies
+                    the option `length` T (a power of two, 64 to 16,384;
+                    default 2,048): 'tokens' int16 (T + 1,) 16 key-value pair
+                    tokens among fillers, then 16 queries and their values;
+                    'weights' uint8 (T,) 1 at the query keys; 'distance' int32
+                    (16,), how far back each query's pair lies
+  gaussian_mixture  train 10,000 / test 2,000 points 'x' float32 (2,) of the
+                    2-D mixture named by the option `mixture` ('ring' or
+                    'grid'; data/toy2d.py has its exact density and score)
 
 Any other name is looked up in the TFDS catalog and prepared by TFDS.
 
@@ -68,6 +72,7 @@ from data.builders import co2
 from data.builders import dates
 from data.builders import digits
 from data.builders import fashion_mnist
+from data.builders import gaussian_mixture
 from data.builders import mnist1d
 from data.builders import shakespeare_case
 from data.builders import sources
@@ -84,6 +89,7 @@ LOCAL_BUILDERS = {
     'dates': dates.Dates,
     'shakespeare_case': shakespeare_case.ShakespeareCase,
     'associative_recall': associative_recall.AssociativeRecall,
+    'gaussian_mixture': gaussian_mixture.GaussianMixture,
 }
 
 # Long enough for a TCP handshake across continents, short enough that an
@@ -106,7 +112,8 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
     **options: for fashion_mnist, tiny_shakespeare and shakespeare_case,
       `source_dir`, the folder of the raw files (else their environment
       variable, see the builders); for a local builder with `OPTIONS`, those
-      keyword arguments of its constructor (associative_recall: `length`);
+      keyword arguments of its constructor (associative_recall: `length`;
+      gaussian_mixture: `mixture`);
       for catalog names, keyword arguments of the TFDS builder (config=, ...).
 
   Returns:
