@@ -39,12 +39,30 @@ def draw_features(key: jax.Array, num_features: int, head_dim: int,
   # One draw: K blocks to orthogonalise, and K·H vectors whose norms the rows take.
   gaussian_KxHxH, for_norms_KxHxH = jax.random.normal(
       key, (2, num_blocks, head_dim, head_dim), jnp.float32)
-  q_KxHxH, r_KxHxH = jnp.linalg.qr(gaussian_KxHxH)
-  # Without fixing the signs of R's diagonal, Q is not uniformly distributed.
-  q_KxHxH = q_KxHxH * jnp.sign(jnp.diagonal(r_KxHxH, axis1=-2, axis2=-1))[:, None, :]
+  q_KxHxH = _gram_schmidt(gaussian_KxHxH)
   directions_MxH = jnp.swapaxes(q_KxHxH, -1, -2).reshape(num_blocks * head_dim, head_dim)
   norms_M = jnp.linalg.norm(for_norms_KxHxH, axis=-1).reshape(num_blocks * head_dim)
   return (directions_MxH * norms_M[:, None])[:num_features]
+
+
+def _gram_schmidt(a_KxHxH):
+  """The Q of A = QR with R's diagonal positive (so Q is Haar-distributed for Gaussian A):
+  Gram–Schmidt on the columns, each projection done twice ("twice is enough", Giraud et al.
+  2005).
+
+  Written with matrix products, not `jnp.linalg.qr`: on the CPU, two LAPACK QR calls that
+  XLA runs at once (one per attention layer) can each wait for the other's thread and hang.
+  """
+  size = a_KxHxH.shape[-1]
+
+  def add_column(j, q_KxHxH):
+    v_KxH = jax.lax.dynamic_index_in_dim(a_KxHxH, j, axis=2, keepdims=False)
+    for _ in range(2):  # columns not yet set are zero and project out nothing
+      v_KxH = v_KxH - jnp.einsum('khj,kj->kh', q_KxHxH, jnp.einsum('khj,kh->kj', q_KxHxH, v_KxH))
+    v_KxH = v_KxH / jnp.linalg.norm(v_KxH, axis=-1, keepdims=True)
+    return jax.lax.dynamic_update_index_in_dim(q_KxHxH, v_KxH, j, axis=2)
+
+  return jax.lax.fori_loop(0, size, add_column, jnp.zeros_like(a_KxHxH))
 
 
 def _log_features(x_BxLxNxH, features_MxH):
