@@ -1,4 +1,4 @@
-"""Times byte-level BPE (seed 003, "Byte Pair Encoding") training and encoding on a text corpus.
+"""Times byte-level BPE (Gage 1994; Sennrich et al. 2016) training and encoding on a text corpus.
 
 Usage:
   python benchmarks/tokenizer.py --corpus=/path/to/tinyshakespeare/input.txt

@@ -1,4 +1,7 @@
-"""Image data augmentation: every transform of seed 003, "List of Transformations".
+"""Image data augmentation: the usual geometric, colour, noise, masking and mixing transforms.
+
+Shorten & Khoshgoftaar 2019 ("A survey on image data augmentation for deep learning")
+survey them; the transforms with a paper of their own cite it in their docstrings.
 
 A transform acts on one float image in [0, 1] of shape (H, W, C) with its own
 PRNG key, `fn(key, image_HxWxC, **params) -> image_HxWxC`, and is vmapped over
@@ -12,7 +15,7 @@ stages, each a name, a `(name, params)` pair or a mapping (also an
 `ml_collections.ConfigDict`) with a 'name' key beside the params. Every stage
 also takes `p`, the probability that an example is transformed at all.
 
-| name            | seed 003 item           | params (default)                          | p   |
+| name            | transform               | params (default)                          | p   |
 | --------------- | ----------------------- | ----------------------------------------- | --- |
 | horizontal_flip | Flipping                |                                           | 0.5 |
 | vertical_flip   | Flipping                |                                           | 0.5 |
@@ -85,7 +88,7 @@ def pixel_grid(height: int, width: int) -> tuple[jax.Array, jax.Array]:
 
 def warp_affine(image_HxWxC: jax.Array, *, degrees=0.0, shift_y=0.0, shift_x=0.0, scale=1.0,
                 shear_degrees=0.0, fill: float = 0.0) -> jax.Array:
-  """Seed 003 "Affine": scale, then shear along x, then rotate about the centre, then shift.
+  """Affine: scale, then shear along x, then rotate about the centre, then shift.
 
   The content at p moves to c + R(degrees) Sh(shear) s (p - c) + (shift_x, shift_y),
   with c the image centre, (x, y) = (column, row), R = [[cos, sin], [-sin, cos]]
@@ -168,24 +171,24 @@ def hsv_to_rgb(hsv_HxWx3: jax.Array) -> jax.Array:
 
 
 def adjust_brightness(image_HxWxC: jax.Array, factor) -> jax.Array:
-  """Seed 003 "Brightness": every value times `factor`."""
+  """Brightness: every value times `factor`."""
   return jnp.clip(image_HxWxC * factor, 0, 1)
 
 
 def adjust_contrast(image_HxWxC: jax.Array, factor) -> jax.Array:
-  """Seed 003 "Contrast": distances from the mean luma times `factor`."""
+  """Contrast: distances from the mean luma times `factor`."""
   mean = jnp.mean(luma(image_HxWxC))
   return jnp.clip(mean + factor * (image_HxWxC - mean), 0, 1)
 
 
 def adjust_saturation(image_HxWxC: jax.Array, factor) -> jax.Array:
-  """Seed 003 "Saturation": distances from each pixel's luma times `factor`."""
+  """Saturation: distances from each pixel's luma times `factor`."""
   gray = luma(image_HxWxC)
   return jnp.clip(gray + factor * (image_HxWxC - gray), 0, 1)
 
 
 def adjust_hue(image_HxWxC: jax.Array, delta) -> jax.Array:
-  """Seed 003 "Hue": turns the HSV hue by `delta` turns; identity on 1 channel."""
+  """Hue: turns the HSV hue by `delta` turns; identity on 1 channel."""
   if _colour_channels(image_HxWxC) == 1:
     return image_HxWxC
   hsv = rgb_to_hsv(image_HxWxC)
@@ -194,7 +197,7 @@ def adjust_hue(image_HxWxC: jax.Array, delta) -> jax.Array:
 
 
 def to_grayscale(image_HxWxC: jax.Array) -> jax.Array:
-  """Seed 003 "Grayscale": every channel set to the luma, so C is kept."""
+  """Grayscale: every channel set to the luma, so C is kept."""
   return jnp.broadcast_to(luma(image_HxWxC), image_HxWxC.shape)
 
 

@@ -1,4 +1,4 @@
-"""Standard scaling of seed 003: X' = (X - μ) / sqrt(σ²), statistics from the training split.
+"""Standard scaling X' = (X - μ) / sqrt(σ²), statistics from the training split.
 
 μ_j and σ²_j are the mean and the 1/n variance of feature j over the n rows of
 the training split; `fit` computes them once and `transform` applies them to

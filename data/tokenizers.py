@@ -1,12 +1,13 @@
-"""Character-level and byte-level BPE tokenizers (seed 003, "Building Text Embeddings").
+"""Character-level and byte-level BPE tokenizers (Gage 1994; Sennrich et al. 2016; Radford et al. 2019).
 
-`CharTokenizer` is the seed's character encoder: one id per character of its
-corpus. `ByteBPETokenizer` is the seed's "SubWord Encoders" / "Byte Pair
-Encoding" as GPT-2 applies it: text is cut into pre-tokens by GPT-2's regular
+`CharTokenizer` is a character-level encoder: one id per character of its
+corpus. `ByteBPETokenizer` is subword byte pair encoding (Sennrich et al. 2016)
+as GPT-2 applies it: text is cut into pre-tokens by GPT-2's regular
 expression (`GPT2_PATTERN`), each pre-token becomes its UTF-8 bytes (a base
 vocabulary of 256), and merges of the most frequent adjacent pair are learnt on
 top. `learn_bpe` is the merge learner shared by both BPE variants; `char_bpe`
-runs it on plain characters, as the seed's hug/pug/pun/bun/hugs example does.
+runs it on plain characters, as Sennrich et al. (2016) do within words (without
+their end-of-word symbol).
 
 Merges are learnt over word types weighted by their counts, with pair counts
 updated incrementally for the words a merge touches. Ties between equally
@@ -181,7 +182,7 @@ def learn_bpe(word_counts: Mapping[Sequence[Hashable], int], base_vocab: Sequenc
 
 
 def char_bpe(word_counts: Mapping[str, int], num_merges: int) -> BPE:
-  """The seed's BPE on plain characters: base vocabulary = the characters of the words."""
+  """BPE on plain characters: base vocabulary = the characters of the words."""
   base_vocab = sorted({character for word in word_counts for character in word})
   return learn_bpe(word_counts, base_vocab, num_merges=num_merges)
 

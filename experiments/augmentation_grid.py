@@ -1,4 +1,4 @@
-"""Draws every seed 003 augmentation ("List of Transformations") on real Fashion-MNIST images.
+"""Draws every augmentation of data/augment.py on real Fashion-MNIST images.
 
 Usage:
   python -m experiments.augmentation_grid --fashion_mnist_dir=DIR --output=grid.png

@@ -1,7 +1,7 @@
 r"""Approximating sin on [-π, π] with one-hidden-layer ReLU networks of growing width.
 
 For every width the script measures the maximum error of two networks on a
-fine grid: the network built by seed 004 Lemma 1.3 from the linear interpolant
+fine grid: the ReLU network that equals the linear interpolant
 on a uniform grid (error of order width⁻²), and an MLP of the same width
 trained with Adam on samples of sin. It prints a table and writes a log–log
 plot of error against width to the workdir.

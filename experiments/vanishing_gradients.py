@@ -1,6 +1,6 @@
 r"""Vanishing and exploding gradients in recurrent networks, and gradient clipping.
 
-Seed 001 §4 and seed 002 §3: back-propagated through time, the gradient reaching step t
+Back-propagated through time (Werbos 1990), the gradient reaching step t
 from step T is multiplied by the Jacobian ∂s_T/∂s_t = J_T J_{T−1} ⋯ J_{t+1}, one
 J_k = ∂s_k/∂s_{k−1} per step (for the Elman RNN J_k = diag(1 − h_k²) W_hh), so it
 shrinks or grows exponentially in the distance T − t (Bengio et al. 1994; Pascanu et
@@ -19,8 +19,9 @@ al. 2013, "On the difficulty of training recurrent neural networks"). The script
 (c, d) plain SGD on a long-sequence regression task (the target is the input `--delay`
     steps earlier, at every step of T = `--train_length`) with an Elman RNN whose
     gradients explode, computed by the hand-written BPTT of models/sequence/bptt.py,
-    with and without `optax.clip_by_global_norm` (seed 001 §4: ĝ ← threshold · ĝ / ‖ĝ‖
-    when ‖ĝ‖ > threshold): loss and gradient norm per step, same batches for both.
+    with and without `optax.clip_by_global_norm` (Pascanu et al. 2013,
+    Algorithm 1: ĝ ← threshold · ĝ / ‖ĝ‖ when ‖ĝ‖ > threshold): loss and gradient norm per step,
+    same batches for both.
 
 Prints the norms at distances 1, 10 and 50, the final losses and the largest gradient
 norms, and writes the figure:

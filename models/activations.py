@@ -1,10 +1,10 @@
-"""Activation functions of seeds 001 and 004 and their derivatives, looked up by name.
+"""Activation functions and their derivatives, looked up by name.
 
 The functions delegate to `jax.nn` where it has them, because those versions are
 numerically stable for large |x| (e.g. the sigmoid never evaluates exp(-x) for
-x << 0); the tests check every one against the seed formula. The derivatives
-are derived by hand so that `models.backprop` can apply seed 001's δ recursion
-without automatic differentiation.
+x << 0); the tests check every one against its defining formula. The derivatives
+are derived by hand so that `models.backprop` can apply the δ recursion of
+back-propagation (Rumelhart et al. 1986) without automatic differentiation.
 """
 
 import math
@@ -22,63 +22,63 @@ _GELU_CUBIC = 0.044715
 
 
 def sigmoid(x: jnp.ndarray) -> jnp.ndarray:
-  """Seed 001 eq. (9): φ(x) = 1 / (1 + e^{-x})."""
+  """Logistic sigmoid φ(x) = 1 / (1 + e^{-x})."""
   return jax.nn.sigmoid(x)
 
 
 def tanh(x: jnp.ndarray) -> jnp.ndarray:
-  """Seed 001 eq. (10): tanh(x) = (e^x - e^{-x}) / (e^x + e^{-x}) = 2φ(2x) - 1."""
+  """tanh(x) = (e^x - e^{-x}) / (e^x + e^{-x}) = 2φ(2x) - 1."""
   return jnp.tanh(x)
 
 
 def relu(x: jnp.ndarray) -> jnp.ndarray:
-  """Seed 001 eq. (11): (x)_+ = max{0, x}."""
+  """ReLU (Nair & Hinton 2010; Glorot et al. 2011): (x)_+ = max{0, x}."""
   return jax.nn.relu(x)
 
 
 def leaky_relu(x: jnp.ndarray, alpha: float = LEAKY_RELU_ALPHA) -> jnp.ndarray:
-  """Seed 001 eq. (12): f(x) = max{αx, x} for a slope 0 ≤ α < 1 on the negative part."""
+  """Leaky ReLU (Maas et al. 2013): f(x) = max{αx, x} for a slope 0 ≤ α < 1 on the negative part."""
   return jax.nn.leaky_relu(x, negative_slope=alpha)
 
 
 def gelu(x: jnp.ndarray) -> jnp.ndarray:
-  """Seed 004 GeLU, exact: x · P[X ≤ x] = x · ½(1 + erf(x/√2)) for X ~ N(0, 1)."""
+  """GELU (Hendrycks & Gimpel 2016), exact: x · P[X ≤ x] = x · ½(1 + erf(x/√2)) for X ~ N(0, 1)."""
   return jax.nn.gelu(x, approximate=False)
 
 
 def gelu_tanh(x: jnp.ndarray) -> jnp.ndarray:
-  """Tanh approximation of seed 004's GeLU: ½x(1 + tanh(√(2/π)(x + 0.044715x³)))."""
+  """Tanh approximation of GELU (Hendrycks & Gimpel 2016): ½x(1 + tanh(√(2/π)(x + 0.044715x³)))."""
   return jax.nn.gelu(x, approximate=True)
 
 
 def elu(x: jnp.ndarray, alpha: float = ELU_ALPHA) -> jnp.ndarray:
-  """Seed 004 ELU: x for x > 0 and α(exp(x) - 1) for x ≤ 0 (the seed takes α = 1)."""
+  """ELU (Clevert et al. 2016): x for x > 0 and α(exp(x) - 1) for x ≤ 0 (α = 1 by default)."""
   return jax.nn.elu(x, alpha=alpha)
 
 
 def sigmoid_derivative(x: jnp.ndarray) -> jnp.ndarray:
-  """φ'(x) = φ(x)(1 - φ(x)) for seed 001 eq. (9)."""
+  """φ'(x) = φ(x)(1 - φ(x)) for the logistic sigmoid φ."""
   s = jax.nn.sigmoid(x)
   return s * (1 - s)
 
 
 def tanh_derivative(x: jnp.ndarray) -> jnp.ndarray:
-  """tanh'(x) = 1 - tanh²(x) for seed 001 eq. (10)."""
+  """tanh'(x) = 1 - tanh²(x)."""
   return 1 - jnp.tanh(x) ** 2
 
 
 def relu_derivative(x: jnp.ndarray) -> jnp.ndarray:
-  """1 for x > 0, else 0 (seed 001 eq. (11)); 0 at the kink, as `jax.grad` uses."""
+  """1 for x > 0, else 0 (ReLU); 0 at the kink, as `jax.grad` uses."""
   return (x > 0).astype(jnp.result_type(x, jnp.float32))
 
 
 def leaky_relu_derivative(x: jnp.ndarray, alpha: float = LEAKY_RELU_ALPHA) -> jnp.ndarray:
-  """1 for x ≥ 0, else α (seed 001 eq. (12)); 1 at the kink, as `jax.grad` uses."""
+  """1 for x ≥ 0, else α (leaky ReLU); 1 at the kink, as `jax.grad` uses."""
   return jnp.where(x >= 0, 1.0, alpha).astype(jnp.result_type(x, jnp.float32))
 
 
 def gelu_derivative(x: jnp.ndarray) -> jnp.ndarray:
-  """d/dx x·Φ(x) = Φ(x) + x·ϕ(x), with Φ, ϕ the standard normal cdf and density (seed 004)."""
+  """d/dx x·Φ(x) = Φ(x) + x·ϕ(x), with Φ, ϕ the standard normal cdf and density."""
   cdf = 0.5 * (1 + jax.scipy.special.erf(x / math.sqrt(2)))
   pdf = jnp.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
   return cdf + x * pdf
@@ -92,7 +92,7 @@ def gelu_tanh_derivative(x: jnp.ndarray) -> jnp.ndarray:
 
 
 def elu_derivative(x: jnp.ndarray, alpha: float = ELU_ALPHA) -> jnp.ndarray:
-  """1 for x > 0, else α·exp(x) (seed 004 ELU); α at the kink, as `jax.grad` uses."""
+  """1 for x > 0, else α·exp(x) (ELU); α at the kink, as `jax.grad` uses."""
   return jnp.where(x > 0, 1.0, alpha * jnp.exp(jnp.minimum(x, 0)))
 
 

@@ -1,13 +1,15 @@
-"""Back-propagation by hand for the MLP, with seed 001's δ recursion.
+"""Back-propagation by hand for the MLP, with the δ recursion of Rumelhart et al. 1986.
 
-For a batch, the row vector of example n is x_n(l)ᵀ, so seed 001's column
-formulas become, with every quantity stacked over the batch:
+For a batch, the row vector of example n is x_n(l)ᵀ, so the column-vector
+formulas z(l) = W(l)ᵀ x(l-1) + b(l) and δ(l) = (W(l+1) δ(l+1)) ⊙ φ'(z(l))
+become, with every quantity stacked over the batch:
 
   forward   z(l) = x(l-1) W(l) + b(l),  x(l) = φ(z(l)), the last layer linear,
   backward  δ(L+1) = ∂C/∂z(L+1),  δ(l) = (δ(l+1) W(l+1)ᵀ) ⊙ φ'(z(l)),
   gradients ∂C/∂W(l) = x(l-1)ᵀ δ(l) = Σ_n x_n(l-1) δ_n(l)ᵀ,  ∂C/∂b(l) = Σ_n δ_n(l).
 
-The gates at the end show seed 001's modular forward/backward API: a forward
+The gates at the end show the modular forward/backward API of reverse-mode
+automatic differentiation (as `jax.custom_vjp` exposes it): a forward
 that caches what the backward needs, and a hand-written backward that
 multiplies the upstream gradient by the local one.
 """
@@ -46,7 +48,7 @@ def layers_to_mlp_params(layers: Sequence[tuple[jnp.ndarray, jnp.ndarray]]) -> d
 
 def forward(layers: Layers, x_BxD: jnp.ndarray, activation: str | Callable = 'relu'
             ) -> tuple[list[jnp.ndarray], list[jnp.ndarray]]:
-  """Seed 001 forward pass, eq. (4): returns the pre-activations z(l) and activations x(l).
+  """Forward pass z(l) = x(l-1) W(l) + b(l): returns the pre-activations z(l) and activations x(l).
 
   `xs[0]` is the (flattened) input and `xs[-1] = zs[-1]` the linear output.
   """
@@ -62,7 +64,7 @@ def forward(layers: Layers, x_BxD: jnp.ndarray, activation: str | Callable = 're
 
 def backward(layers: Layers, zs: Sequence[jnp.ndarray], xs: Sequence[jnp.ndarray], delta_out_BxK: jnp.ndarray,
              activation: str | Callable = 'relu') -> Layers:
-  """Seed 001 backward pass, eq. (8): δ(l) = (W(l+1) δ(l+1)) ⊙ φ'(z(l)).
+  """Backward pass (Rumelhart et al. 1986): δ(l) = (W(l+1) δ(l+1)) ⊙ φ'(z(l)).
 
   Args:
     layers: [(W(l), b(l))] of the forward pass.
@@ -87,7 +89,7 @@ def backward(layers: Layers, zs: Sequence[jnp.ndarray], xs: Sequence[jnp.ndarray
 def output_delta(output_BxK: jnp.ndarray, targets: jnp.ndarray, loss: str) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Returns the batch-mean cost C and δ(L+1) = ∂C/∂z(L+1) for a linear output layer.
 
-  'squared_error': C = mean_n ‖y_n - x_n(L+1)‖², seed 001's L_n averaged over
+  'squared_error': C = mean_n ‖y_n - x_n(L+1)‖², the squared error L_n averaged over
   the batch, so δ(L+1) = -2(y - x(L+1)) / B (φ' = 1 for the linear output).
   'cross_entropy': C = mean_n CE(onehot(y_n), softmax(z_n)) with integer labels,
   so δ(L+1) = (softmax(z) - onehot(y)) / B.
@@ -130,12 +132,12 @@ def value_and_grad(params: Mapping[str, Any] | Layers, x_BxD: jnp.ndarray, targe
   return cost, tree if 'params' in params else tree['params']
 
 
-# Modular gates (seed 001, "forward / backward API").
+# Modular gates: a forward that caches, a hand-written backward.
 
 
 @jax.custom_vjp
 def multiply(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
-  """Seed 001's Multiply gate, z = x·y elementwise, with a hand-written backward."""
+  """Multiply gate, z = x·y elementwise, with a hand-written backward."""
   _check_same_shape('multiply', x, y)
   return x * y
 
@@ -156,7 +158,7 @@ multiply.defvjp(_multiply_forward, _multiply_backward)
 
 @jax.custom_vjp
 def affine(x_BxD: jnp.ndarray, w_DxH: jnp.ndarray, b_H: jnp.ndarray) -> jnp.ndarray:
-  """Dense gate z = x W + b of seed 001 eq. (4), with the backward of the δ recursion."""
+  """Dense gate z = x W + b, with the backward of the δ recursion."""
   return x_BxD @ w_DxH + b_H
 
 

@@ -1,8 +1,9 @@
-"""Layers that flax.linen lacks: maxout (seed 001 eq. (13)) and the residual wrapper.
+"""Layers that flax.linen lacks: maxout (Goodfellow et al. 2013) and the residual wrapper.
 
 Dropout, LayerNorm and BatchNorm are flax.linen's own (`nn.Dropout`,
 `nn.LayerNorm`, `nn.BatchNorm`); tests/models/test_layers.py shows that they
-compute the seed formulas.
+compute the published formulas (dropout: Srivastava et al. 2014, in its inverted
+form; layer norm: Ba et al. 2016; batch norm: Ioffe & Szegedy 2015).
 """
 
 from typing import Any, Callable
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 
 
 class Maxout(nn.Module):
-  """Seed 001 eq. (13): f(x) = max{xᵀw_1 + b_1, …, xᵀw_k + b_k} for every output unit.
+  """Maxout (Goodfellow et al. 2013): f(x) = max{xᵀw_1 + b_1, …, xᵀw_k + b_k} for every output unit.
 
   The k affine pieces of all units come from one Dense layer with
   `features * pieces` outputs; output unit j owns the columns
@@ -37,7 +38,7 @@ class Maxout(nn.Module):
 
 
 class Residual(nn.Module):
-  """Skip connection x + f(x) (seed 001, "Why residual connections matter").
+  """Skip connection x + f(x) (He et al. 2016).
 
   Attributes:
     fn: the residual branch f, a module or any callable whose output has the

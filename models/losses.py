@@ -1,4 +1,4 @@
-"""Losses and distances between distributions of seed 004 §1.3–1.4.
+"""Regression and classification losses, and distances between discrete distributions.
 
 Every loss returns one value per example (shape B); the caller averages, so a
 training step can weight or mask examples. Functions on probability vectors
@@ -27,19 +27,19 @@ def _per_example_mean(x: jnp.ndarray) -> jnp.ndarray:
 
 
 def mean_squared_error(pred_BxK: jnp.ndarray, target_BxK: jnp.ndarray) -> jnp.ndarray:
-  """Seed 004: (1/d_out) Σ_j |v_j - w_j|², averaged over each example's entries."""
+  """Mean squared error (1/d_out) Σ_j |v_j - w_j|², averaged over each example's entries."""
   _check_same_shape(pred_BxK, target_BxK)
   return _per_example_mean((pred_BxK - target_BxK) ** 2)
 
 
 def mean_absolute_error(pred_BxK: jnp.ndarray, target_BxK: jnp.ndarray) -> jnp.ndarray:
-  """Seed 004: (1/d_out) Σ_j |v_j - w_j|, averaged over each example's entries."""
+  """Mean absolute error (1/d_out) Σ_j |v_j - w_j|, averaged over each example's entries."""
   _check_same_shape(pred_BxK, target_BxK)
   return _per_example_mean(jnp.abs(pred_BxK - target_BxK))
 
 
 def binary_cross_entropy_with_logits(logits_B: jnp.ndarray, labels_B: jnp.ndarray) -> jnp.ndarray:
-  """CE(p, q) of seed 004 for two classes, with q = sigmoid(z) and p = (y, 1 - y).
+  """Cross-entropy CE(p, q) for two classes, with q = sigmoid(z) and p = (y, 1 - y).
 
   -y log σ(z) - (1 - y) log(1 - σ(z)) is rewritten as
   max(z, 0) - z·y + log(1 + e^{-|z|}) so that no exp overflows for large |z|.
@@ -51,7 +51,7 @@ def binary_cross_entropy_with_logits(logits_B: jnp.ndarray, labels_B: jnp.ndarra
 
 def softmax_cross_entropy(logits_BxC: jnp.ndarray, targets_BxC: jnp.ndarray,
                           label_smoothing: float = 0.0) -> jnp.ndarray:
-  """Seed 004 CE(p, q) = -Σ_i p_i log q_i with q = softmax(logits) and p = targets.
+  """Cross-entropy CE(p, q) = -Σ_i p_i log q_i with q = softmax(logits) and p = targets.
 
   Targets are one-hot vectors or any distributions; label smoothing ε replaces
   them by (1 - ε)·p + ε/C.
@@ -64,7 +64,7 @@ def softmax_cross_entropy(logits_BxC: jnp.ndarray, targets_BxC: jnp.ndarray,
 
 
 def cross_entropy(logits_BxC: jnp.ndarray, labels_B: jnp.ndarray, label_smoothing: float = 0.0) -> jnp.ndarray:
-  """Seed 004 CE with integer labels: -log q_y when p is hot on y, per example.
+  """Cross-entropy with integer labels: -log q_y when p is hot on y, per example.
 
   With label smoothing ε the target is (1 - ε)·onehot(y) + ε/C, so the loss is
   logsumexp(z) - (1 - ε)·z_y - ε·mean(z). Labels must lie in [0, C).
@@ -79,24 +79,27 @@ def cross_entropy(logits_BxC: jnp.ndarray, labels_B: jnp.ndarray, label_smoothin
 
 
 def entropy(p_BxC: jnp.ndarray) -> jnp.ndarray:
-  """H(p) = -Σ_i p_i log p_i, with 0 log 0 = 0 (seed 004, second term of CE)."""
+  """H(p) = -Σ_i p_i log p_i, with 0 log 0 = 0 (Shannon 1948); CE(p, q) = H(p) + D_KL(p‖q)."""
   return -jnp.sum(xlogy(p_BxC, p_BxC), axis=-1)
 
 
 def kl_divergence(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray) -> jnp.ndarray:
-  """Seed 004 D_KL(p‖q) = Σ_i p_i log(p_i / q_i), with 0 log(0/q) = 0 and +∞ where p_i > 0 = q_i."""
+  """Kullback & Leibler 1951: D_KL(p‖q) = Σ_i p_i log(p_i / q_i).
+
+  With 0 log(0/q) = 0, and +∞ where p_i > 0 = q_i.
+  """
   _check_same_shape(p_BxC, q_BxC)
   return jnp.sum(xlogy(p_BxC, p_BxC) - xlogy(p_BxC, q_BxC), axis=-1)
 
 
 def categorical_cross_entropy(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray) -> jnp.ndarray:
-  """Seed 004 CE(p, q) = -Σ_i p_i log q_i between two probability vectors."""
+  """Cross-entropy CE(p, q) = -Σ_i p_i log q_i between two probability vectors."""
   _check_same_shape(p_BxC, q_BxC)
   return -jnp.sum(xlogy(p_BxC, q_BxC), axis=-1)
 
 
 def lp_distance(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray, order: float = 2.0) -> jnp.ndarray:
-  """Seed 004 d_{L^p}(P, Q) = (Σ_i |P(i) - Q(i)|^p)^{1/p} for p ≥ 1."""
+  """L^p distance d_{L^p}(P, Q) = (Σ_i |P(i) - Q(i)|^p)^{1/p} for p ≥ 1."""
   if isinstance(order, (int, float)) and order < 1:
     raise ValueError(f'The L^p order must be at least 1, got {order}.')
   _check_same_shape(p_BxC, q_BxC)
@@ -104,9 +107,10 @@ def lp_distance(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray, order: float = 2.0) -> j
 
 
 def total_variation(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray) -> jnp.ndarray:
-  """Seed 004 d_total(P, Q) = sup_A |P(A) - Q(A)|, computed as the set A = {i : P(i) ≥ Q(i)}.
+  """Total variation d_total(P, Q) = sup_A |P(A) - Q(A)|, computed at A = {i : P(i) ≥ Q(i)}.
 
-  The seed's proof shows this set attains the supremum; its value equals ½ d_{L^1}.
+  Since P(A) - Q(A) = Q(Aᶜ) - P(Aᶜ) for every A, |P(A) - Q(A)| ≤ ½ Σ_i |P(i) - Q(i)|, with
+  equality for that set: the value equals ½ d_{L^1}.
   """
   _check_same_shape(p_BxC, q_BxC)
   diff_BxC = p_BxC - q_BxC

@@ -1,4 +1,4 @@
-"""Random Fourier features for the RBF kernel (Rahimi & Recht 2007; seed 004 §11).
+"""Random Fourier features for the RBF kernel (Rahimi & Recht 2007).
 
 The RBF kernel k(x, y) = exp(-γ‖x - y‖²) is the Fourier transform of the
 Gaussian N(0, 2γ I) (Bochner), so with ω_j ~ N(0, 2γ I) and b_j ~ U[0, 2π],

@@ -1,12 +1,12 @@
-"""Seed 004 Lemma 1.3: a continuous piecewise-linear f: ℝ → ℝ is a one-hidden-layer ReLU network.
+"""A continuous piecewise-linear f: ℝ → ℝ is a one-hidden-layer ReLU network (Foucart 2022).
 
 With breakpoints t_0 < … < t_p, slopes λ_ℓ on [t_{ℓ-1}, t_ℓ], λ_0 left of t_0
-and λ_{p+1} right of t_p, the proof of the lemma writes
+and λ_{p+1} right of t_p, summing the slope changes at the breakpoints gives
 
   f(x) = ReLU(λ_0 x) - ReLU(-λ_0 x) + c_0 + Σ_{ℓ=0}^{p} (λ_{ℓ+1} - λ_ℓ) ReLU(x - t_ℓ),
 
 with c_0 = f(t_0) - λ_0 t_0: a network Dense_{A2,b2;id} ∘ Dense_{A1,b1;ReLU}
-(seed 004 eq. (2)) of width p + 3.
+(a ReLU hidden layer and a linear output layer) of width p + 3.
 """
 
 from typing import Callable, NamedTuple
@@ -39,7 +39,7 @@ class OneHiddenLayerReLU(NamedTuple):
 def relu_network_from_piecewise_linear(breakpoints_P: np.ndarray, values_P: np.ndarray, *,
                                        left_slope: float | None = None,
                                        right_slope: float | None = None) -> OneHiddenLayerReLU:
-  """Builds the ReLU network equal to a continuous piecewise-linear function (seed 004 Lemma 1.3).
+  """Builds the ReLU network equal to a continuous piecewise-linear function.
 
   Args:
     breakpoints_P: t_0 < t_1 < … < t_p, at least two points.
@@ -76,9 +76,10 @@ def interpolating_network(fn: Callable[[np.ndarray], np.ndarray], lo: float, hi:
                           width: int) -> OneHiddenLayerReLU:
   """The ReLU network of the given width that linearly interpolates `fn` on a uniform grid of [lo, hi].
 
-  This is the construction in the proof of seed 004 Theorem 1.5: the
+  This is the constructive step of the universal approximation theorem for
+  ReLU networks on an interval (Leshno et al. 1993 prove the general case): the
   interpolant L with L(t_ℓ) = g(t_ℓ) on a grid of spacing δ, turned into a
-  network by Lemma 1.3. A width of w uses w - 2 grid points.
+  network by `relu_network_from_piecewise_linear`. A width of w uses w - 2 grid points.
   """
   if width < 4:
     raise ValueError(f'The interpolating network needs a width of at least 4, got {width}.')

@@ -13,7 +13,7 @@
     2016); 'adam' has none.
   weight_decay_mask: 'all' (every parameter) | 'kernels' (only parameters of
     two or more dimensions: no decay on biases and normalisation scales/offsets)
-  grad_clip_norm: clip by global norm (seed 001) when > 0
+  grad_clip_norm: clip by global norm (Pascanu et al. 2013) when > 0
   schedule: 'constant' | 'step' | 'cosine' | 'warmup_cosine'
   warmup_steps, decay_factor, boundaries (fractions of the run for 'step'),
   final_lr_fraction (the cosine floor as a fraction of the peak).

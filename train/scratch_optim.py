@@ -1,11 +1,11 @@
-"""Optimisers of seed 004 §1.5 written from scratch as pure functions on pytrees.
+"""Gradient descent, momentum and Adam written from scratch as pure functions on pytrees.
 
 Each optimiser is a pair of functions: `*_init(params) -> state` and
 `*_step(params, grads, state, ...) -> (params, state)`, where `grads` is
 ∇C(θ_t) at `params` = θ_t. Nothing is mutated; any pytree of arrays works.
 
 The two momentum methods read the velocity after its update, v_{t+1}, in the
-parameter update (seed 004's display writes v_t there; with v_0 = 0 that
+parameter update (some texts write v_t there; with v_0 = 0 that
 reading only shifts every step one iteration later). This is the usual heavy
 ball method and the form Optax implements.
 """
@@ -34,7 +34,7 @@ def _zeros_like(params: PyTree) -> PyTree:
 
 
 def gradient_descent_step(params: PyTree, grads: PyTree, learning_rate: float) -> PyTree:
-  """Seed 004 gradient descent: θ_{t+1} = θ_t - η ∇C(θ_t)."""
+  """Gradient descent: θ_{t+1} = θ_t - η ∇C(θ_t)."""
   _check_positive('learning_rate', learning_rate)
   return jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
 
@@ -51,7 +51,7 @@ def momentum_init(params: PyTree) -> MomentumState:
 
 def heavy_ball_step(params: PyTree, grads: PyTree, state: MomentumState, *, learning_rate: float,
                     momentum: float) -> tuple[PyTree, MomentumState]:
-  """Seed 004 momentum, first parametrisation, with m ∈ (0, 1] and step γ:
+  """Heavy-ball momentum (Polyak 1964), with m ∈ (0, 1] and step γ:
 
     v_{t+1} = m·v_t - γ ∇C(θ_t),   θ_{t+1} = θ_t + v_{t+1}.
   """
@@ -63,7 +63,7 @@ def heavy_ball_step(params: PyTree, grads: PyTree, state: MomentumState, *, lear
 
 def ema_momentum_step(params: PyTree, grads: PyTree, state: MomentumState, *, learning_rate: float,
                       beta: float) -> tuple[PyTree, MomentumState]:
-  """Seed 004 momentum, second parametrisation, with β ∈ (0, 1) and step η:
+  """Momentum in moving-average form, with β ∈ (0, 1) and step η:
 
     v_{t+1} = β·v_t + (1 - β) ∇C(θ_t),   θ_{t+1} = θ_t - η v_{t+1}.
 
@@ -90,7 +90,7 @@ def adam_init(params: PyTree) -> AdamState:
 
 def adam_step(params: PyTree, grads: PyTree, state: AdamState, *, learning_rate: float, b1: float = 0.9,
               b2: float = 0.999, eps: float = 1e-8) -> tuple[PyTree, AdamState]:
-  """Seed 004 Adam with bias correction, for t = 1, 2, …:
+  """Adam with bias correction (Kingma & Ba 2015, Algorithm 1), for t = 1, 2, …:
 
     v_t = β1 v_{t-1} + (1 - β1) g_t,    s_t = β2 s_{t-1} + (1 - β2) g_t²,
     v̂_t = v_t / (1 - β1^t),            ŝ_t = s_t / (1 - β2^t),

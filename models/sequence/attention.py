@@ -1,4 +1,4 @@
-"""Attention of a decoder state over encoder states (seed 001 §4; Bahdanau et al. 2015; Luong et al. 2015).
+"""Attention of a decoder state over encoder states (Bahdanau et al. 2015; Luong et al. 2015).
 
 At decoder step t, with the previous decoder state s_{t−1} and encoder states
 h_1 … h_S (positions where `mask` is false are padding):

@@ -1,6 +1,6 @@
-"""Back-propagation through time (BPTT) by hand for the Elman RNN (seed 002 §3; Werbos 1990).
+"""Back-propagation through time (BPTT) by hand for the Elman RNN (Werbos 1990).
 
-The network of the lecture notes (seed 001 §4, seed 002 §3), for one sequence x_1 … x_T with
+The Elman network (Elman 1990), for one sequence x_1 … x_T with
 column vectors x_t ∈ R^C, h_t ∈ R^H, ŷ_t ∈ R^K:
 
   a_t = W_xh x_t + W_hh h_{t−1} + b_h,   h_t = tanh(a_t),   ŷ_t = W_hy h_t + b_y,
@@ -14,17 +14,18 @@ Backward, with ε_t = ∂L/∂ŷ_t = 2 w_t (ŷ_t − y_t) / B and δ_t = ∂L/�
   ∂L/∂h_t = W_hyᵀ ε_t + W_hhᵀ δ_{t+1}          (its own loss term and everything after t),
   δ_t     = (W_hyᵀ ε_t + W_hhᵀ δ_{t+1}) ⊙ (1 − h_t²),   δ_{T+1} = 0,
 
-run from t = T down to 1 (a reverse `jax.lax.scan`), since tanh' (a_t) = 1 − h_t². Seed 002's
-∂L/∂W_xh = Σ_t ∂L/∂h_t · ∂h_t/∂W_xh then becomes a sum of outer products, and likewise
+run from t = T down to 1 (a reverse `jax.lax.scan`), since tanh' (a_t) = 1 − h_t². The chain
+rule ∂L/∂W_xh = Σ_t ∂L/∂h_t · ∂h_t/∂W_xh then becomes a sum of outer products, and likewise
 for every parameter, each shared by all steps:
 
   ∂L/∂W_xh = Σ_t δ_t x_tᵀ,   ∂L/∂W_hh = Σ_t δ_t h_{t−1}ᵀ,   ∂L/∂b_h = Σ_t δ_t,
   ∂L/∂W_hy = Σ_t ε_t h_tᵀ,   ∂L/∂b_y = Σ_t ε_t,            ∂L/∂h_0 = W_hhᵀ δ_1.
 
 The δ recursion multiplies by W_hhᵀ diag(1 − h_t²) once per step back, which is why the
-gradient from far steps vanishes or explodes (seed 001 §4; experiments/vanishing_gradients.py).
+gradient from far steps vanishes or explodes (Bengio et al. 1994; Pascanu et al. 2013;
+experiments/vanishing_gradients.py).
 
-Parameters are a dict in the seed's orientation: W_xh [H, C], W_hh [H, H], b_h [H], and
+Parameters are a dict in the equations' orientation: W_xh [H, C], W_hh [H, H], b_h [H], and
 optionally W_hy [K, H], b_y [K]. Batches are rows (x_BxTxC), so W x_t is computed as x_t Wᵀ.
 `to_simple_cell` / `from_simple_cell` convert to and from the variables of
 `rnn.Recurrent('elman')` (Flax's `nn.SimpleCell`, whose kernels are [in, out] = Wᵀ).

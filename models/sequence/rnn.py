@@ -1,7 +1,7 @@
 """Recurrent cells and layers: Elman RNN, LSTM and GRU, run over time with `nn.scan`.
 
-Cells map (carry, x_t) → (carry', y_t) and are the equations of the lecture
-notes (seed 002, §3–5), with x_t ∈ R^C, h_t ∈ R^H and σ the logistic sigmoid:
+Cells map (carry, x_t) → (carry', y_t) and compute the equations below, with
+x_t ∈ R^C, h_t ∈ R^H and σ the logistic sigmoid:
 
   Elman  h_t = tanh(W_xh x_t + W_hh h_{t−1} + b_h)                     (Elman 1990)
   LSTM   f_t = σ(W_f x_t + U_f h_{t−1} + b_f)     forget gate          (Hochreiter &
@@ -19,7 +19,7 @@ equations exactly (tests/models/test_rnn.py runs them against NumPy loops of
 the equations above); their carries are h and (c, h). Flax's `nn.GRUCell`
 does not: it applies the reset gate after the recurrent product,
 h̃_t = tanh(W_h x_t + b_h + r_t ⊙ (U_h h_{t−1} + b_hn)) (the cuDNN form), so
-`GRUCell` below implements the seed's (Cho et al.'s) form.
+`GRUCell` below implements Cho et al.'s form.
 
 `Recurrent` runs one cell over a sequence, forwards or backwards, with
 per-example lengths: steps at or past an example's length leave its carry

@@ -1,4 +1,4 @@
-"""The four recurrent architectures (seed 001 §4; Karpathy 2015, "The Unreasonable Effectiveness of RNNs").
+"""The four recurrent architectures (Karpathy 2015, "The Unreasonable Effectiveness of RNNs").
 
   many-to-one    `RNNClassifier`: x_1 … x_T → one label (sequence classification)
   many-to-many   `RNNTagger`: x_t → y_t at every step (aligned tagging), and

@@ -1,4 +1,4 @@
-"""Defining properties of the seed 003 augmentations in data/augment.py."""
+"""Defining properties of the augmentations in data/augment.py."""
 
 import functools
 import inspect

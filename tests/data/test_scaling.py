@@ -1,4 +1,4 @@
-"""Standard scaling (seed 003) against scikit-learn's StandardScaler and the seed's formulas."""
+"""Standard scaling against scikit-learn's StandardScaler and the formulas for μ and σ² written out."""
 
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""Tokenizers of seed 003 against its BPE worked example and brute-force references."""
+"""Tokenizers against a BPE example worked by hand and brute-force references."""
 
 import collections
 import json
@@ -72,11 +72,11 @@ def bpe():
   return tokenizers.ByteBPETokenizer.train(CORPUS, vocab_size=350)
 
 
-# Seed 003's worked example.
+# The example worked by hand: words hug 10, pug 5, pun 12, bun 4, hugs 5.
 
 
 def _segmented_table(result):
-  """The seed's table: each word's current segmentation with the word's frequency."""
+  """The worked table: each word's current segmentation with the word's frequency."""
   return {result.segments[word]: count for word, count in SEED_WORDS.items()}
 
 

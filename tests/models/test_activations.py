@@ -1,4 +1,4 @@
-"""Activations against the seed formulas, derivatives against jax.grad."""
+"""Activations against their defining formulas, derivatives against jax.grad."""
 
 import functools
 import math
@@ -66,7 +66,7 @@ def test_hand_derivative_agrees_with_jax_grad_at_the_origin(name):
 
 @pytest.mark.parametrize('name', sorted(SEED_FORMULAS))
 def test_hand_derivative_equals_central_difference(name):
-  # An independent check of the hand derivations, in float64 on the seed formula.
+  # An independent check of the hand derivations, in float64 on the defining formula.
   x = _points().astype(np.float64)
   h = 1e-5
   numeric = (SEED_FORMULAS[name](x + h) - SEED_FORMULAS[name](x - h)) / (2 * h)
@@ -75,7 +75,7 @@ def test_hand_derivative_equals_central_difference(name):
 
 
 def test_tanh_is_a_rescaled_sigmoid():
-  # Seed 001 eq. (10): tanh(x) = 2φ(2x) - 1.
+  # The identity tanh(x) = 2φ(2x) - 1.
   x = jnp.asarray(_points())
   np.testing.assert_allclose(activations.tanh(x), 2 * activations.sigmoid(2 * x) - 1, atol=2e-6)
 

@@ -60,7 +60,7 @@ def test_backprop_equals_autodiff_on_mlp_params(hidden, activation, loss):
 
 
 def test_backprop_on_plain_layer_lists_follows_the_seed_single_example_formulas():
-  # Seed 001 with one example: ∂L/∂w_ij(l) = δ_j(l) x_i(l-1), ∂L/∂b_j(l) = δ_j(l).
+  # With one example: ∂L/∂w_ij(l) = δ_j(l) x_i(l-1), ∂L/∂b_j(l) = δ_j(l).
   layers = _random_layers((3, 4, 2), seed=7)
   x_1xD = jnp.array([[0.5, -1.0, 2.0]])
   y_1xK = jnp.array([[0.3, -0.2]])
@@ -112,7 +112,7 @@ def test_unknown_loss_is_rejected():
     backprop.value_and_grad(_random_layers((2, 2), 0), jnp.ones((1, 2)), jnp.ones((1, 2)), loss='hinge')
 
 
-# Gates with a hand-written backward (seed 001's Multiply example).
+# Gates with a hand-written backward.
 
 
 def test_multiply_gate_matches_finite_differences_and_autodiff():
@@ -124,7 +124,7 @@ def test_multiply_gate_matches_finite_differences_and_autodiff():
   _, auto_vjp = jax.vjp(lambda a, b: a * b, x, y)
   for gate, auto in zip(gate_vjp(upstream), auto_vjp(upstream)):
     np.testing.assert_array_equal(gate, auto)
-  # Seed 001: grad_x = y · grad_z and grad_y = x · grad_z.
+  # Local gradients of z = x·y: grad_x = y · grad_z and grad_y = x · grad_z.
   np.testing.assert_array_equal(gate_vjp(upstream)[0], y * upstream)
   np.testing.assert_array_equal(gate_vjp(upstream)[1], x * upstream)
 

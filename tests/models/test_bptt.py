@@ -1,4 +1,4 @@
-"""Hand-written BPTT for the Elman RNN against `jax.grad` through a `jax.lax.scan` of the seed
+"""Hand-written BPTT for the Elman RNN against `jax.grad` through a `jax.lax.scan` of the Elman
 equations and through `rnn.Recurrent('elman')` (Flax's SimpleCell) with the parameters mapped;
 in float32 here and in float64 in a child process."""
 
@@ -33,7 +33,7 @@ def problem(seed, readout=True, scale=1.2):
 
 
 def scan_loss(params, h0_BxH, x_BxTxC, targets, weights_BxT):
-  """The seed equations as a plain scan, step by step: the reference jax.grad differentiates."""
+  """The Elman equations as a plain scan, step by step: the reference jax.grad differentiates."""
 
   def step(h_BxH, x_BxC):
     h_BxH = jnp.tanh(x_BxC @ params['W_xh'].T + h_BxH @ params['W_hh'].T + params['b_h'])
@@ -83,7 +83,7 @@ def test_bptt_with_the_default_zero_initial_state():
 
 
 def test_bptt_equals_autodiff_through_the_recurrent_layer():
-  """Flax's SimpleCell as `rnn.Recurrent('elman')`, its kernels mapped from the seed's W (W = kernelᵀ)."""
+  """Flax's SimpleCell as `rnn.Recurrent('elman')`, its kernels mapped from W (W = kernelᵀ)."""
   params, x, targets, h0, weights = problem(2, readout=True, scale=1.5)
   readout = {k: params[k] for k in ('W_hy', 'b_y')}
 

@@ -1,4 +1,4 @@
-"""Maxout and Residual, and flax.linen's Dropout/LayerNorm/BatchNorm against the seed formulas."""
+"""Maxout and Residual, and flax.linen's Dropout/LayerNorm/BatchNorm against the formulas of their papers."""
 
 import flax.linen as nn
 import jax
@@ -16,11 +16,11 @@ def _normal(seed, shape, scale=1.0, shift=0.0):
   return np.random.default_rng(seed).normal(loc=shift, scale=scale, size=shape).astype(np.float32)
 
 
-# Maxout (seed 001 eq. (13)).
+# Maxout (Goodfellow et al. 2013).
 
 
 def test_maxout_reproduces_the_seed_figure():
-  # Seed 001: max{x1 - 0.5 x2 + 1, -2 x1 + x2 - 2}.
+  # A two-piece example: max{x1 - 0.5 x2 + 1, -2 x1 + x2 - 2}.
   params = {'params': {'Dense_0': {'kernel': jnp.array([[1.0, -2.0], [-0.5, 1.0]]),
                                    'bias': jnp.array([1.0, -2.0])}}}
   x_Nx2 = _normal(0, (500, 2), scale=3.0)
@@ -62,7 +62,7 @@ def test_maxout_rejects_empty_sizes(features, pieces):
     layers.Maxout(features, pieces).init(jax.random.key(0), jnp.ones((1, 2)))
 
 
-# Residual (seed 001: x(l+1) = f(x(l)) + x(l)).
+# Residual (He et al. 2016: x(l+1) = f(x(l)) + x(l)).
 
 
 def test_residual_adds_the_input_to_the_branch():
@@ -93,7 +93,7 @@ def test_residual_rejects_a_shape_changing_branch():
     layers.Residual(nn.Dense(5)).init(jax.random.key(0), jnp.ones((2, 3)))
 
 
-# Dropout: seed 003 inverted dropout, h = r ⊙ x / (1 - p), r_i ~ Bernoulli(1 - p).
+# Dropout (Srivastava et al. 2014), inverted: h = r ⊙ x / (1 - p), r_i ~ Bernoulli(1 - p).
 
 
 @pytest.mark.parametrize('rate', [0.1, 0.5, 0.8])
@@ -143,7 +143,7 @@ def test_layer_norm_over_features_equals_seed_001_formula():
 
 
 def test_layer_norm_over_all_non_batch_axes_equals_seed_004_formula():
-  # Seed 004: mean and variance over T_{b,•,•}, with γ_{n,c}, β_{n,c}.
+  # Ba et al. 2016: mean and variance over T_{b,•,•}, with γ_{n,c}, β_{n,c}.
   x_BxNxC = _normal(14, (4, 3, 5), scale=2.0, shift=-1.0)
   scale, bias = _normal(15, (3, 5)), _normal(16, (3, 5))
   layer = nn.LayerNorm(epsilon=1e-6, reduction_axes=(1, 2), feature_axes=(1, 2))
@@ -206,7 +206,7 @@ def test_batch_norm_on_nhwc_feature_maps_uses_per_channel_statistics():
 
 
 def test_batch_norm_per_position_equals_seed_004_formula():
-  # Seed 004: (T_{b,n,c} - mean(T_{•,n,c})) / sqrt(var(T_{•,n,c}) + ε).
+  # Ioffe & Szegedy 2015: (T_{b,n,c} - mean(T_{•,n,c})) / sqrt(var(T_{•,n,c}) + ε).
   x_BxNxC = _normal(42, (6, 3, 4), scale=3.0)
   layer = nn.BatchNorm(use_running_average=False, axis=(1, 2), use_scale=False, use_bias=False)
   y, _ = layer.apply(layer.init(jax.random.key(0), x_BxNxC), x_BxNxC, mutable=['batch_stats'])

@@ -1,4 +1,4 @@
-"""Losses against seed 004's definitions, identities and brute-force references."""
+"""Losses against their definitions, identities and brute-force references."""
 
 import itertools
 import math
@@ -70,7 +70,7 @@ def test_total_variation_is_half_the_l1_distance(z_p, z_q):
 
 
 def test_total_variation_is_the_largest_event_probability_gap():
-  # Seed 004 definition: sup over all events A ⊂ [n] of |P(A) - Q(A)|.
+  # The definition: sup over all events A ⊂ [n] of |P(A) - Q(A)|.
   rng = np.random.default_rng(0)
   p = rng.dirichlet(np.ones(C), size=4)
   q = rng.dirichlet(np.ones(C), size=4)
@@ -111,7 +111,7 @@ def test_integer_label_cross_entropy_equals_one_hot_cross_entropy(logits, labels
 
 
 def test_cross_entropy_is_minus_log_probability_of_the_label():
-  # Seed 004: if p is hot on position i, CE(p, q) = -log q_i.
+  # If p is hot on position i, CE(p, q) = -log q_i.
   logits = np.random.default_rng(2).normal(size=(B, C)).astype(np.float32)
   labels = np.arange(B) % C
   q = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)

@@ -1,4 +1,4 @@
-"""MLP against seed 001 eq. (2), x(l) = φ(W(l)ᵀ x(l-1) + b(l)), evaluated by a NumPy loop."""
+"""MLP against x(l) = φ(W(l)ᵀ x(l-1) + b(l)), evaluated by a NumPy loop."""
 
 import jax
 import jax.numpy as jnp

@@ -1,9 +1,9 @@
-"""Recurrent cells against NumPy loops of seed 002's equations (§3–5), and the `Recurrent` /
+"""Recurrent cells against NumPy loops of their equations (models/sequence/rnn.py), and the `Recurrent` /
 `RNN` layers against those loops run over each example's valid prefix: padding, reverse and
 bidirectional reading, stacking, initial carries, bfloat16 compute and one-step decoding.
 
 Every reference runs in float64 on the float32-rounded parameters, one example and one time
-step at a time with column vectors, as the seed writes the equations (W x, not x Wᵀ)."""
+step at a time with column vectors, as the papers write the equations (W x, not x Wᵀ)."""
 
 import functools
 
@@ -23,7 +23,7 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 # ≤ 2.3e-2 (Elman).
 BF16_ATOL = 6e-2
 
-# Shapes of each cell's parameters in the seed's notation: W_* ∈ R^{H×C}, U_* ∈ R^{H×H}, b_* ∈ R^H.
+# Shapes of each cell's parameters in the equations' notation: W_* ∈ R^{H×C}, U_* ∈ R^{H×H}, b_* ∈ R^H.
 SEED_SHAPES = {
     'elman': {'W_xh': 'HC', 'W_hh': 'HH', 'b_h': 'H'},
     'lstm': {**{f'W_{g}': 'HC' for g in 'fioc'}, **{f'U_{g}': 'HH' for g in 'fioc'},
@@ -43,12 +43,12 @@ def seed_params(kind, in_features, features, seed):
 
 
 def flax_params(kind, p):
-  """The seed's matrices in Flax's layout: kernels are [in, out], so kernel = Wᵀ."""
+  """The equations' matrices in Flax's layout: kernels are [in, out], so kernel = Wᵀ."""
   t = lambda m: jnp.asarray(np.asarray(m).T, jnp.float32)
   if kind == 'elman':
     return {'i': {'kernel': t(p['W_xh']), 'bias': t(p['b_h'])}, 'h': {'kernel': t(p['W_hh'])}}
   if kind == 'lstm':
-    # Flax's gate letters: i input, f forget, g candidate (the seed's c̃), o output.
+    # Flax's gate letters: i input, f forget, g candidate (the equations' c̃), o output.
     params = {}
     for flax_gate, gate in zip('ifgo', 'ifco'):
       params[f'i{flax_gate}'] = {'kernel': t(p[f'W_{gate}'])}
@@ -66,7 +66,7 @@ def sigmoid(a):
 
 
 def seed_step(kind, p, carry, x):
-  """One step of seed 002's equations for one example (column vectors)."""
+  """One step of the cell equations for one example (column vectors)."""
   if kind == 'elman':  # h_t = tanh(W_xh x_t + W_hh h_{t−1} + b_h)
     return np.tanh(p['W_xh'] @ x + p['W_hh'] @ carry + p['b_h'])
   if kind == 'lstm':
@@ -103,7 +103,7 @@ def stack_carries(kind, carries):
 
 
 def reference_layer(kind, p, x_BxTxC, lengths_B, reverse=False, carry0=None):
-  """Seed equations over x[b, :length_b] (last to first if `reverse`); y = 0 past the length."""
+  """The cell equations over x[b, :length_b] (last to first if `reverse`); y = 0 past the length."""
   x = np.asarray(x_BxTxC, np.float64)
   batch, steps, _ = x.shape
   features = p['b_h' if kind != 'lstm' else 'b_f'].shape[0]
@@ -173,7 +173,7 @@ def test_cell_follows_the_seed_equations(kind):
 
 def test_flax_gru_cell_is_not_the_seed_gru():
   """Flax's nn.GRUCell applies r after the recurrent product (h̃ = tanh(W_h x + b_h + r ⊙ (U_h h)));
-  the seed's h̃ = tanh(W_h x + U_h (r ⊙ h) + b_h) is why rnn.GRUCell exists."""
+  Cho et al.'s h̃ = tanh(W_h x + U_h (r ⊙ h) + b_h) is why rnn.GRUCell exists."""
   p = seed_params('gru', C, H, seed=4)
   t = lambda m: jnp.asarray(m.T, jnp.float32)
   variables = {'params': {
@@ -193,7 +193,7 @@ def test_flax_gru_cell_is_not_the_seed_gru():
   z = sigmoid(x @ p['W_z'].T + h @ p['U_z'].T + p['b_z'])
   cudnn_form = z * h + (1 - z) * np.tanh(x @ p['W_h'].T + p['b_h'] + r * (h @ p['U_h'].T))
   np.testing.assert_allclose(got, cudnn_form, **TOL)  # Flax's cell is the cuDNN form …
-  assert np.max(np.abs(np.asarray(got) - seed_form)) > 1e-2  # … not the seed's,
+  assert np.max(np.abs(np.asarray(got) - seed_form)) > 1e-2  # … not Cho et al.'s,
   np.testing.assert_allclose(ours, seed_form, **TOL)  # which ours is.
 
 
@@ -217,7 +217,7 @@ def test_gru_cell_takes_any_leading_batch_axes():
 @pytest.mark.parametrize('reverse', [False, True], ids=['forward', 'reverse'])
 @pytest.mark.parametrize('kind', rnn.CELLS)
 def test_recurrent_runs_the_cell_over_exactly_the_valid_prefix(kind, reverse):
-  """Against the seed loop over x[b, :length] (backwards with `reverse`), from zeros and from a
+  """Against the reference loop over x[b, :length] (backwards with `reverse`), from zeros and from a
   given initial carry; lengths=None means every step."""
   p = seed_params(kind, C, H, seed=7)
   layer = rnn.Recurrent(kind, H, reverse=reverse)
@@ -268,7 +268,7 @@ def test_reverse_equals_forward_on_the_reversed_valid_prefix(kind):
 
 
 def rnn_params(kind, num_layers, bidirectional, seed):
-  """Seed-drawn parameters for every layer and direction: ([[p_forward, p_backward], …], variables)."""
+  """`seed_params` for every layer and direction: ([[p_forward, p_backward], …], variables)."""
   params, drawn = {}, []
   directions = ('forward', 'backward') if bidirectional else ('forward',)
   for layer in range(num_layers):
@@ -281,7 +281,7 @@ def rnn_params(kind, num_layers, bidirectional, seed):
 
 
 def reference_rnn(kind, drawn, x_BxTxC, lengths_B, starts=None):
-  """Each layer's seed-loop outputs fed into the next; a backward direction reads the reversed
+  """Each layer's reference-loop outputs fed into the next; a backward direction reads the reversed
   prefix and its outputs are concatenated after the forward ones."""
   y, carries = np.asarray(x_BxTxC, np.float64), []
   for layer, ps in enumerate(drawn):

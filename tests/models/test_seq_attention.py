@@ -1,4 +1,4 @@
-"""Encoder attention (seed 001 §4; Bahdanau et al. 2015; Luong et al. 2015) against explicit
+"""Encoder attention (Bahdanau et al. 2015; Luong et al. 2015) against explicit
 loops over positions: scores e_{t,i}, softmax weights α_{t,i} over the valid positions and the
 context c_t = Σ_i α_{t,i} h_i; masking, empty rows and the width check."""
 
@@ -50,7 +50,7 @@ def dot_score(s, h):
 
 
 def additive_params(query_width, key_width, features, seed):
-  """W [A×D], b [A], U [A×H], v [A] in the seed's column notation, rounded to float32."""
+  """W [A×D], b [A], U [A×H], v [A] in column-vector notation, rounded to float32."""
   shapes = {'W': (features, query_width), 'b': (features,), 'U': (features, key_width),
             'v': (features,)}
   return {name: draw(shape, seed + k, scale=0.7).astype(np.float64)

@@ -1,4 +1,5 @@
-"""Seed 004 Lemma 1.3 construction against a direct evaluation of the piecewise-linear function."""
+"""The ReLU network built from a piecewise-linear function against a direct evaluation of
+that function."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +12,7 @@ ATOL = 1e-5
 
 
 def _piecewise_linear(x, t, f, left_slope, right_slope):
-  """Seed 004's case definition: L_0 left of t_0, L_ℓ on [t_{ℓ-1}, t_ℓ], L_{p+1} right of t_p."""
+  """The case definition: L_0 left of t_0, L_ℓ on [t_{ℓ-1}, t_ℓ], L_{p+1} right of t_p."""
   out = np.empty_like(x)
   for n, xn in enumerate(x):
     if xn <= t[0]:

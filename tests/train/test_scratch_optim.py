@@ -1,4 +1,5 @@
-"""Scratch optimisers against Optax, and gradient descent against seed 004 Theorem 1.11."""
+"""Scratch optimisers against Optax, and gradient descent against its O(1/t) bound for convex,
+L-smooth costs (Garrigos & Gower 2023, "Handbook of convergence theorems")."""
 
 import functools
 
@@ -121,7 +122,8 @@ def test_momentum_accumulates_a_constant_gradient_geometrically():
     np.testing.assert_allclose(state.velocity['a'], -gamma * grads['a'] * (1 - m**t) / (1 - m), rtol=1e-6)
 
 
-# Seed 004 Theorem 1.11: C(θ_t) - min C ≤ ‖θ_0 - θ*‖² / (2ηt) for convex, L-smooth C and η ≤ 1/L.
+# Garrigos & Gower 2023: C(θ_t) - min C ≤ ‖θ_0 - θ*‖² / (2ηt)
+# for convex, L-smooth C and η ≤ 1/L.
 
 
 def _quadratic(seed, dim=6):
