@@ -74,6 +74,80 @@ def _log_features(x_BxLxNxH, features_MxH):
   return projected_BxLxNxM - half_norm_BxLxNx1 - 0.5 * math.log(features_MxH.shape[0])
 
 
+# Positions per step of the non-causal sums: the [chunk, M] features of a step stay in cache
+# whatever the length.
+CHUNK = 1024
+
+
+def _chunks(x_BxLx, chunk, fill):
+  """[C, B, chunk, …]: x cut along its length into C chunks, the last padded with `fill`."""
+  length = x_BxLx.shape[1]
+  count = -(-length // chunk)
+  pad = [(0, 0), (0, count * chunk - length)] + [(0, 0)] * (x_BxLx.ndim - 2)
+  x_BxLx = jnp.pad(x_BxLx, pad, constant_values=fill)
+  return jnp.moveaxis(x_BxLx.reshape((x_BxLx.shape[0], count, chunk) + x_BxLx.shape[2:]), 1, 0)
+
+
+def _non_causal(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, features_MxH, key_valid_BxS):
+  """The non-causal sums of `performer_attention` (q, k already scaled by H^{-1/4}), `CHUNK`
+  positions at a time: a pass over the key chunks for the largest log-feature of each
+  (batch, head), a scan over them for S = Σ φ(k) vᵀ and z = Σ φ(k), and the query chunks
+  in turn. The same numbers as building every feature at once, in a working set that does
+  not grow with the length."""
+  batch, keys = k_BxSxNxH.shape[:2]
+  valid_BxS = (jnp.ones((batch, keys), bool) if key_valid_BxS is None
+               else jnp.asarray(key_valid_BxS, bool))
+  chunk = min(CHUNK, keys)
+  k_CxBxLxNxH, v_CxBxLxNxH = _chunks(k_BxSxNxH, chunk, 0), _chunks(v_BxSxNxH, chunk, 0)
+  valid_CxBxL = _chunks(valid_BxS, chunk, False)
+
+  def log_phi_k(k_BxLxNxH, valid_BxL):
+    # Padding takes no part in the maximum, and exp(−inf) = 0 gives it no features.
+    return jnp.where(valid_BxL[:, :, None, None], _log_features(k_BxLxNxH, features_MxH),
+                     -jnp.inf)
+
+  key_max_CxBxN = jax.lax.map(lambda a: jnp.max(log_phi_k(*a), axis=(1, 3)),
+                              (k_CxBxLxNxH, valid_CxBxL))
+  key_max_BxN = jnp.max(key_max_CxBxN, axis=0)
+  # See `performer_attention` for why one maximum per (batch, head) cancels in the ratio.
+  key_max_BxN = jax.lax.stop_gradient(jnp.where(jnp.isfinite(key_max_BxN), key_max_BxN, 0))
+
+  def add_chunk(sums, a):
+    k_BxLxNxH, v_BxLxNxH, valid_BxL = a
+    phi_k_BxLxNxM = jnp.exp(log_phi_k(k_BxLxNxH, valid_BxL) - key_max_BxN[:, None, :, None])
+    # Zeroing the values as well keeps padding garbage (inf, nan) out of 0·v.
+    v_BxLxNxH = jnp.where(valid_BxL[:, :, None, None], v_BxLxNxH, 0)
+    state_BxNxMxH, z_BxNxM = sums
+    return (state_BxNxMxH + jnp.einsum('blnm,blnh->bnmh', phi_k_BxLxNxM, v_BxLxNxH,
+                                       preferred_element_type=jnp.float32),
+            z_BxNxM + jnp.sum(phi_k_BxLxNxM, axis=1)), None
+
+  heads, width, num_features = k_BxSxNxH.shape[2], v_BxSxNxH.shape[-1], features_MxH.shape[0]
+  zeros = (jnp.zeros((batch, heads, num_features, width), jnp.float32),
+           jnp.zeros((batch, heads, num_features), jnp.float32))
+  (state_BxNxMxH, z_BxNxM), _ = jax.lax.scan(add_chunk, zeros,
+                                             (k_CxBxLxNxH, v_CxBxLxNxH, valid_CxBxL))
+
+  def attend(q_BxLxNxH):
+    log_phi_q_BxLxNxM = _log_features(q_BxLxNxH, features_MxH)
+    phi_q_BxLxNxM = jnp.exp(log_phi_q_BxLxNxM - jax.lax.stop_gradient(
+        jnp.max(log_phi_q_BxLxNxM, axis=-1, keepdims=True)))
+    num_BxLxNxH = jnp.einsum('blnm,bnmh->blnh', phi_q_BxLxNxM, state_BxNxMxH,
+                             preferred_element_type=jnp.float32)
+    den_BxLxN = jnp.einsum('blnm,bnm->bln', phi_q_BxLxNxM, z_BxNxM,
+                           preferred_element_type=jnp.float32)
+    has_keys_BxLxNx1 = (den_BxLxN > linear._TINY)[..., None]
+    # The inner where keeps 1/0 out of the gradient of the rows the outer where drops.
+    return jnp.where(has_keys_BxLxNx1,
+                     num_BxLxNxH / jnp.where(has_keys_BxLxNx1, den_BxLxN[..., None], 1), 0)
+
+  queries = q_BxTxNxH.shape[1]
+  out_CxBxLxNxH = jax.lax.map(attend, _chunks(q_BxTxNxH, min(CHUNK, queries), 0))
+  out_BxTxNxH = jnp.moveaxis(out_CxBxLxNxH, 0, 1)
+  out_BxTxNxH = out_BxTxNxH.reshape((batch, -1) + out_BxTxNxH.shape[3:])
+  return out_BxTxNxH[:, :queries]
+
+
 def softmax_kernel_features(x_BxLxNxH, features_MxH) -> jax.Array:
   """φ(x) = exp(W x − ‖x‖²/2) / √M [B, L, N, M], with E[φ(x)ᵀφ(y)] = exp(xᵀy) (Choromanski
   et al. 2021, Lemma 1). Unstabilised: for large ‖x‖ every feature underflows float32 to 0,
@@ -99,6 +173,10 @@ def performer_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, features_MxH, *, causal
     raise ValueError(f'features_MxH of shape {features_MxH.shape} must be [M, H] with '
                      f'H={head_dim}, the head width of q.')
   scale = head_dim ** -0.25
+  if not causal:
+    return _non_causal(q_BxTxNxH.astype(jnp.float32) * scale,
+                       k_BxSxNxH.astype(jnp.float32) * scale, v_BxSxNxH, features_MxH,
+                       key_valid_BxS).astype(q_BxTxNxH.dtype)
   log_phi_q_BxTxNxM = _log_features(q_BxTxNxH.astype(jnp.float32) * scale, features_MxH)
   log_phi_k_BxSxNxM = _log_features(k_BxSxNxH.astype(jnp.float32) * scale, features_MxH)
   # Subtracting a constant c from the exponents multiplies numerator and denominator by the

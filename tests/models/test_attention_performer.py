@@ -206,3 +206,24 @@ def test_orthogonalisation_is_the_q_of_qr_with_a_positive_diagonal():
   q_ref, r_ref = np.linalg.qr(np.asarray(a_KxHxH, np.float64))
   q_ref = q_ref * np.sign(np.diagonal(r_ref, axis1=-2, axis2=-1))[:, None, :]
   np.testing.assert_allclose(jax.jit(performer._gram_schmidt)(a_KxHxH), q_ref, atol=2e-6)
+
+
+def test_non_causal_sums_over_chunks_equal_the_quadratic_form(monkeypatch):
+  # Chunks of 5 positions over 12 (the last one padded): the key maximum, the sums and the
+  # queries are gathered across chunks; a lost or double-counted chunk, or padding counted as
+  # keys, breaks the equality. Measured 9.3e-6, as in one chunk.
+  monkeypatch.setattr(performer, 'CHUNK', 5)
+  q, k, v = _scaled_qkv(12)
+  features_MxH = features_10xH()
+  lengths = [12, 7, 3]
+  valid_BxS = padding_allowed(lengths, 12)[:, 0, 0]
+  k[~valid_BxS] = 0
+  out, grads = jax.jit(lambda q, k, v: (
+      performer.performer_attention(q, k, v, features_MxH, key_valid_BxS=valid_BxS),
+      jax.grad(lambda *qkv: (performer.performer_attention(
+          *qkv, features_MxH, key_valid_BxS=valid_BxS) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)
+  ))(q, k, v)
+  np.testing.assert_allclose(out, quadratic_form(q, k, v, features_MxH,
+                                                 padding_allowed(lengths, 12)),
+                             rtol=0, atol=5e-5)
+  assert all(np.isfinite(g).all() for g in grads)
