@@ -373,7 +373,7 @@ def _load(workdir: str) -> dict:
   variables = jax.device_put({'params': params, **(saved.get('model_state') or {})})
   # The task's own reading of the network output (score = −o/std(t) for score_sde).
   apply = lambda x, t_B: model.apply(variables, x, t_B)
-  score_fn = task._model_fns(apply)  # pylint: disable=protected-access
+  score_fn = task.model_fn(apply)
   records = pipeline.read_batch(eval_source, np.arange(len(eval_source)))
   return {'score_fn': score_fn, 'sde': diffusion.SDES[task.sde](),
           'mixture': toy2d.MIXTURES[config.data.options.get('mixture', 'ring')](),

@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from models.generative import ddpm as ddpm_lib
+
 KINDS = ('uniform', 'absorbing')
 DEFAULT_HYBRID_WEIGHT = 0.01  # λ of eq. 5, the paper's value
 COSINE_OFFSET = 0.008  # s of Nichol & Dhariwal 2021, eq. 17
@@ -121,7 +123,7 @@ def cumulative_matrix(schedule: Schedule, t) -> jax.Array:
 def q_probs(schedule: Schedule, x0, t) -> jax.Array:
   """q(x_t | x_0) = x_0 Q̄_t = ᾱ_t x_0 + (1 − ᾱ_t) m [B, …, K] (eq. 2) for integer x_0 [B, …]
   and steps t (a scalar or one per example, [B])."""
-  t_B = _per_example_steps(t, x0)
+  t_B = ddpm_lib.per_example_steps(t, x0)
   x0_onehot = jax.nn.one_hot(x0, schedule.num_classes, dtype=schedule.alpha_bars.dtype)
   return (_at(schedule.alpha_bars, t_B, x0_onehot.ndim) * x0_onehot
           + _at(schedule.one_minus_alpha_bars, t_B, x0_onehot.ndim) * stationary_probs(schedule))
@@ -140,7 +142,7 @@ def q_posterior_logits(schedule: Schedule, x0, x_t, t) -> jax.Array:
   Impossible pairs (an absorbing x_t that is neither x_0 nor the mask) give NaN.
   """
   log_x0 = jnp.log(jax.nn.one_hot(x0, schedule.num_classes, dtype=schedule.alpha_bars.dtype))
-  return _posterior_logits(schedule, log_x0, x_t, _per_example_steps(t, x_t))
+  return _posterior_logits(schedule, log_x0, x_t, ddpm_lib.per_example_steps(t, x_t))
 
 
 def p_logits(schedule: Schedule, x_t, t, x0_logits) -> jax.Array:
@@ -157,7 +159,7 @@ def p_logits(schedule: Schedule, x_t, t, x0_logits) -> jax.Array:
                      f'{x_t.shape + (schedule.num_classes,)}.')
   log_p0 = jax.nn.log_softmax(x0_logits.astype(
       jnp.promote_types(x0_logits.dtype, schedule.alpha_bars.dtype)), axis=-1)
-  return _posterior_logits(schedule, log_p0, x_t, _per_example_steps(t, x_t))
+  return _posterior_logits(schedule, log_p0, x_t, ddpm_lib.per_example_steps(t, x_t))
 
 
 def prior_kl(schedule: Schedule, x0) -> jax.Array:
@@ -268,15 +270,6 @@ def _kl(log_q, log_p):
 
 def _mean_over_positions(x):
   return jnp.mean(x.reshape(x.shape[0], -1), axis=1)
-
-
-def _per_example_steps(t, x):
-  """t as int32 [B] for x [B, …]: a scalar is used for every example."""
-  t = jnp.asarray(t)
-  if t.ndim > 1 or (t.ndim == 1 and t.shape[0] != x.shape[0]):
-    raise ValueError(f't of shape {t.shape} must be a scalar or one step per example, '
-                     f'[B] = [{x.shape[0]}].')
-  return jnp.broadcast_to(t.astype(jnp.int32), x.shape[:1])
 
 
 def _at(values, t_B, ndim):

@@ -121,13 +121,18 @@ def _at(values_T, t_B, x):
   return values_T[t_B - 1].reshape((-1,) + (1,) * (x.ndim - 1))
 
 
-def _timesteps(t, x):
-  return jnp.broadcast_to(jnp.asarray(t, jnp.int32), x.shape[:1])
+def per_example_steps(t, x):
+  """t as int32 [B] for x [B, …]: a scalar is used for every example (ddpm, cold, d3pm)."""
+  t = jnp.asarray(t)
+  if t.ndim > 1 or (t.ndim == 1 and t.shape[0] != x.shape[0]):
+    raise ValueError(f't of shape {t.shape} must be a scalar or one step per example, '
+                     f'[B] = [{x.shape[0]}].')
+  return jnp.broadcast_to(t.astype(jnp.int32), x.shape[:1])
 
 
 def q_sample(schedule: Schedule, x0, t, noise):
   """x_t = √ᾱ_t x_0 + √(1 − ᾱ_t) ε (eq. 4); t is an int or int [B] in 1 … T."""
-  t_B = _timesteps(t, x0)
+  t_B = per_example_steps(t, x0)
   return (jnp.sqrt(_at(schedule.alpha_bars_T, t_B, x0)) * x0
           + jnp.sqrt(_at(schedule.one_minus_alpha_bars_T, t_B, x0)) * noise)
 
@@ -145,7 +150,7 @@ def loss_terms(schedule: Schedule, eps_fn: EpsFn, x0, key):
 
 def posterior_mean_variance(schedule: Schedule, x0, x_t, t):
   """Mean μ̃_t(x_t, x_0) [B, …] and variance β̃_t [B, 1, …] of q(x_{t−1} | x_t, x_0) (eqs. 6–7)."""
-  t_B = _timesteps(t, x_t)
+  t_B = per_example_steps(t, x_t)
   alpha_bar_prev, one_minus_alpha_bar_prev, one_minus_alpha_bar, beta, alpha = (
       _at(a, t_B, x_t) for a in (schedule.alpha_bars_prev_T, schedule.one_minus_alpha_bars_prev_T,
                                  schedule.one_minus_alpha_bars_T, schedule.betas_T,
@@ -175,7 +180,7 @@ def p_sample_step(schedule: Schedule, eps_fn: EpsFn, x_t, t, key, variance: str 
   σ_t² = β_t (variance='beta') or β̃_t ('beta_tilde'), z ~ N(0, I) from `key`, and no noise
   at t = 1. t is an int or int [B] in 1 … T of `schedule`."""
   _check_variance(variance)
-  t_B = _timesteps(t, x_t)
+  t_B = per_example_steps(t, x_t)
   eps = eps_fn(x_t, schedule.timesteps_T[t_B - 1])
   beta, alpha = _at(schedule.betas_T, t_B, x_t), _at(schedule.alphas_T, t_B, x_t)
   mean = (x_t - beta / jnp.sqrt(_at(schedule.one_minus_alpha_bars_T, t_B, x_t)) * eps
@@ -214,7 +219,7 @@ def ddim_sample(schedule: Schedule, eps_fn: EpsFn, x_T, num_steps: int | None = 
   total = schedule.num_steps
 
   def step(i, x):
-    t_B = _timesteps(total - i, x)
+    t_B = per_example_steps(total - i, x)
     eps = eps_fn(x, schedule.timesteps_T[t_B - 1])
     alpha_bar, one_minus_alpha_bar, alpha_bar_prev, one_minus_alpha_bar_prev = (
         _at(a, t_B, x) for a in (schedule.alpha_bars_T, schedule.one_minus_alpha_bars_T,

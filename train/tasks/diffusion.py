@@ -126,8 +126,9 @@ class Diffusion(base.Task):
       return x
     return jax.nn.one_hot(x[..., 0], self._parts['schedule'].num_classes)
 
-  def _model_fns(self, model):
-    """The model as the objective's function of (x_t, t)."""
+  def model_fn(self, model):
+    """The model (a callable of (x, t)) as the objective's function of (x_t, t): the score
+    −out/σ_t for score_sde, logits of x_0 from categories for d3pm, else the output itself."""
     if self.objective == 'score_sde':
       sde = self._parts['sde']
 
@@ -149,7 +150,7 @@ class Diffusion(base.Task):
 
   def loss(self, model, batch):
     x0, key = batch['x0'], model.rngs['diffusion']
-    fn = self._model_fns(model)
+    fn = self.model_fn(model)
     per_dim = 1.0 / np.prod(x0.shape[1:])
     if self.objective == 'ddpm':
       loss_B = ddpm_lib.loss_terms(self._parts['schedule'], fn, x0, key) * per_dim
@@ -171,7 +172,7 @@ class Diffusion(base.Task):
     data's, from `meta['shapes']`)."""
     shape = tuple(shape or self.meta['shapes'][self.input_key])
     apply = lambda x, t: module.apply(variables, x, t)
-    fn = self._model_fns(apply)
+    fn = self.model_fn(apply)
     full = (num,) + shape
     if self.objective == 'ddpm':
       x = ddpm_lib.sample(self._parts['schedule'], fn, full, key, num_steps=steps or None)
