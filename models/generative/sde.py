@@ -37,6 +37,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from models.generative.ddpm import check_shape
 
@@ -174,6 +175,40 @@ class VESDE:
     """α_i = 1 of Algorithm 4."""
     return jnp.ones_like(t_B)
 
+
+def vp_sde_from_ddpm(schedule) -> VPSDE:
+  """The VP SDE that a DDPM's linear schedule β_1 … β_N discretises: β(i/N) ≈ N β_i, i.e.
+  β_min = N β_1 and β_max = N β_N (Song et al. 2021b, App. B: 0.1 and 20 for Ho et al.'s
+  1e-4 … 0.02 over N = 1,000)."""
+  betas = np.asarray(schedule.betas_T, np.float64)
+  steps = betas.shape[0]
+  if steps < 2 or not np.allclose(np.diff(betas), (betas[-1] - betas[0]) / (steps - 1),
+                                  rtol=1e-3, atol=1e-9):
+    raise ValueError(f'The DDPM schedule of {steps} steps is not linear in β with at least two '
+                     'steps; only a linear schedule discretises the VP SDE.')
+  return VPSDE(beta_min=float(steps * betas[0]), beta_max=float(steps * betas[-1]))
+
+
+def score_from_eps(sde: VPSDE, eps_fn, schedule) -> ScoreFn:
+  """A DDPM ε-network, trained on the steps 1 … N of `schedule`, as the score model of the VP
+  SDE `sde` (Song et al. 2021b, §4.2 and App. B, by which they sample DDPM checkpoints with
+  their samplers): s(x, t) = −ε_θ(x, τ(t)) / σ(t), with τ(t) the step, fractional between
+  two steps, at which the discrete noise level equals the SDE's, −log ᾱ_τ = B(t) (log ᾱ
+  interpolated linearly in τ, ᾱ_0 = 1). τ(t) ≈ tN for the SDE of `vp_sde_from_ddpm`."""
+  log_alpha_bars = np.concatenate(
+      [[0.0], np.cumsum(np.log1p(-np.asarray(schedule.betas_T, np.float64)))])
+  integrated_N1 = jnp.asarray(-log_alpha_bars, jnp.float32)
+  steps_N1 = jnp.arange(log_alpha_bars.shape[0], dtype=jnp.float32)
+  timesteps_N1 = jnp.concatenate([jnp.zeros((1,), jnp.float32),
+                                  jnp.asarray(schedule.timesteps_T, jnp.float32)])
+
+  def score_fn(x, t_B):
+    _, std = sde.marginal(jnp.zeros_like(x), t_B)
+    step_B = jnp.interp(sde.integrated_beta(t_B), integrated_N1, steps_N1)
+    # The network's own timestep at that step (τ itself unless the schedule was respaced).
+    label_B = jnp.interp(step_B, steps_N1, timesteps_N1)
+    return -eps_fn(x, label_B).astype(jnp.float32) / std
+  return score_fn
 
 SDE = VPSDE | SubVPSDE | VESDE
 

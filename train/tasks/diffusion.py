@@ -33,6 +33,9 @@ SDES = {'vp': sde_lib.VPSDE, 'subvp': sde_lib.SubVPSDE, 've': sde_lib.VESDE}
 DEGRADATIONS = ('blur', 'mask')
 TRANSITIONS = ('uniform', 'absorbing')
 DEFAULT_STEPS = {'ddpm': 1000, 'cold': 50, 'd3pm': 1000}
+# Samplers of each objective, the default first.
+SAMPLERS = {'ddpm': ('ancestral', 'ddim', 'pc', 'ode'), 'score_sde': ('pc', 'ode'),
+            'd3pm': ('ancestral',), 'cold': ()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,24 +169,58 @@ class Diffusion(base.Task):
 
   # Sampling ---------------------------------------------------------------------
 
-  def sample(self, module, variables, key, num: int, steps: int = 0, shape=None) -> jax.Array:
+  def score_model(self, model):
+    """(sde, score_fn) of a score_sde run, or of a ddpm run as its VP SDE
+    (`sde.vp_sde_from_ddpm`, the ε-network as score by `sde.score_from_eps`); `model` is a
+    callable of (x, t)."""
+    if self.objective == 'score_sde':
+      return self._parts['sde'], self.model_fn(model)
+    if self.objective != 'ddpm':
+      raise ValueError(f'task.objective={self.objective!r} has no score model; ddpm and '
+                       'score_sde have.')
+    sde = sde_lib.vp_sde_from_ddpm(self._parts['schedule'])
+    return sde, sde_lib.score_from_eps(sde, self.model_fn(model), self._parts['schedule'])
+
+  @property
+  def process_steps(self) -> int:
+    """T of ddpm, cold and d3pm (num_steps, or the objective's default)."""
+    return self._parts['steps']
+
+  def degrade_fn(self, x0):
+    """cold's D(x, t) for images like x0 [B, H, W, C]."""
+    return self._degrade_fn(x0)
+
+  def sample(self, module, variables, key, num: int, steps: int = 0, shape=None,
+             sampler: str | None = None) -> jax.Array:
     """`num` samples x_0 [num, …] of the trained model (images in [0, 1]), with `steps`
-    network calls (0: every step of the process); `shape` is one example's (default: the
-    data's, from `meta['shapes']`)."""
+    steps (0: every step of the process; 1,000 for 'pc', 100 for 'ode'); `shape` is one
+    example's (default: the data's, from `meta['shapes']`). `sampler` is one of the
+    objective's SAMPLERS (default the first): ancestral (ddpm: Algorithm 2 respaced to
+    `steps`; d3pm: all T steps), ddim (σ = 0), pc (reverse-diffusion predictor and one
+    Langevin corrector step) or ode (probability-flow ODE, RK4)."""
+    allowed = SAMPLERS[self.objective]
+    sampler = sampler or (allowed[0] if allowed else None)
+    if sampler not in allowed:
+      names = ', '.join(allowed) or ('none (cold restores a degraded image: '
+                                     'models.generative.cold.improved_sample)')
+      raise ValueError(f'sampler={sampler!r} does not sample task.objective='
+                       f'{self.objective!r}; allowed: {names}.')
     shape = tuple(shape or self.meta['shapes'][self.input_key])
     apply = lambda x, t: module.apply(variables, x, t)
     fn = self.model_fn(apply)
     full = (num,) + shape
-    if self.objective == 'ddpm':
-      x = ddpm_lib.sample(self._parts['schedule'], fn, full, key, num_steps=steps or None)
-    elif self.objective == 'score_sde':
-      x = sde_lib.pc_sample(self._parts['sde'], fn, full, key, num_steps=steps or 1000)
-    elif self.objective == 'd3pm':
+    if self.objective == 'd3pm':
       x = d3pm_lib.sample(key, self._parts['schedule'], fn, full[:-1])[..., None]
       return x.astype(jnp.float32)
+    if sampler == 'ancestral':
+      x = ddpm_lib.sample(self._parts['schedule'], fn, full, key, num_steps=steps or None)
+    elif sampler == 'ddim':
+      x_T = jax.random.normal(key, full, jnp.float32)
+      x = ddpm_lib.ddim_sample(self._parts['schedule'], fn, x_T, num_steps=steps or None)
+    elif sampler == 'pc':
+      x = sde_lib.pc_sample(*self.score_model(apply), full, key, num_steps=steps or 1000)
     else:
-      raise ValueError('task.objective=\'cold\' samples from a degraded image; use '
-                       'models.generative.cold.improved_sample with one.')
+      x = sde_lib.ode_sample(*self.score_model(apply), full, key, num_steps=steps or 100)
     return jnp.clip((x + 1) / 2, 0, 1)
 
   def eval_hooks(self):

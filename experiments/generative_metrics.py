@@ -1,0 +1,316 @@
+r"""Trained generative runs measured on one scale: a Fréchet distance in the feature space of
+the project's own Fashion-MNIST classifier, bits per dimension and sampling time.
+
+  python -m experiments.generative_metrics --classifier=workdirs/fashion_mnist_resnet20 \
+      --workdir=workdirs/fashion_mnist_ddpm --sampler=ancestral --steps=1000 \
+      [--num_samples=256 --batch_size=128 --seed=0 --bits_per_dim_examples=0]
+  python -m experiments.generative_metrics --classifier=workdirs/fashion_mnist_resnet20 \
+      --sampler=data [--num_samples=256]       # the floor: N training images
+
+Samplers, by the run's model and task:
+  diffusion, ddpm:       ancestral (Ho et al. 2020, Algorithm 2, respaced to --steps), ddim
+                         (σ = 0), pc and ode (the ε-network as the score of its VP SDE, Song et
+                         al. 2021b: predictor–corrector with --steps steps, or the
+                         probability-flow ODE by RK4 with --steps steps);
+  diffusion, score_sde:  pc, ode;
+  diffusion, d3pm:       ancestral (all T steps);
+  diffusion, cold:       cold (Bansal et al. 2022, Algorithm 2, from a flat image: one value
+                         per channel drawn from a Gaussian fitted to the channel means of the
+                         training images, plus N(0, --cold_noise²) per pixel, §5);
+  vae:                   vae (decoder means E[x | z], z ~ N(0, I));
+  no run:                data (--num_samples training images, the floor).
+
+Features are the input of the classifier's last Dense layer (`--feature_layer`, 'head': the
+global average pool of a ResNet), for images prepared as the classifier's task prepares its
+inputs, from pixels round(255·x) of samples x in [0, 1]. The reference statistics are those
+of the whole test split. The distance is in this feature space only, not comparable with
+Inception-based FIDs, and it is biased upwards for small N: compare models at one N, against
+the floor at that N.
+
+--bits_per_dim_examples=M (ddpm and score_sde runs) also gives the probability-flow ODE's
+bits per dimension on the first M test images, dequantised as the VAE's (y = (pixels + u)/256,
+models/generative/likelihood.py) and mapped to the network's [−1, 1] by x = 2y − 1, so
+log p(y) = log p(x) + D log 2; Hutchinson's trace estimator with RK4 and --likelihood_steps
+steps.
+
+Prints the row and appends it to `<workdir>/generative_metrics.jsonl` (the classifier's for
+the floor); the first 64 samples are drawn to `<that workdir>/samples/<sampler>_<steps>.png`.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+
+FLAGS = flags.FLAGS
+
+OUTPUT_FILE = 'generative_metrics.jsonl'
+GRID_SAMPLES = 64
+SAMPLERS = ('ancestral', 'ddim', 'pc', 'ode', 'cold', 'vae', 'data')
+
+
+def define_flags() -> None:
+  # Called only when run as a script, so that importing the module defines no flags.
+  flags.DEFINE_string('classifier', None, 'Work directory of a trained classifier of the data.',
+                      required=True)
+  flags.DEFINE_string('workdir', None, 'Work directory of a trained generative run (none for '
+                      '--sampler=data).')
+  flags.DEFINE_enum('sampler', None, SAMPLERS, 'How the samples are drawn (module doc).',
+                    required=True)
+  flags.DEFINE_integer('steps', 0, 'Sampler steps (0: the process\'s own number).')
+  flags.DEFINE_integer('num_samples', 256, 'Samples whose features are compared.')
+  flags.DEFINE_integer('batch_size', 128, 'Samples drawn at once.')
+  flags.DEFINE_integer('seed', 0, 'Seed of the samples.')
+  flags.DEFINE_float('cold_noise', 0.002, 'Per-pixel noise of the cold sampler\'s start, in '
+                     'the network\'s [−1, 1] scale.')
+  flags.DEFINE_integer('bits_per_dim_examples', 0, 'Test images whose ODE likelihood is '
+                       'computed (ddpm and score_sde runs; 0: none).')
+  flags.DEFINE_integer('likelihood_steps', 20, 'RK4 steps of the likelihood ODE.')
+  flags.DEFINE_string('feature_layer', 'head', 'Name of the classifier\'s layer whose input is '
+                      'the feature vector.')
+
+
+def _load(workdir: str, what: str):
+  """(config, train source, eval source, task, module, variables) of a trained run."""
+  from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
+
+  if not workdir:
+    raise ValueError(f'--{what} must name the work directory of a trained run.')
+  workdir = os.path.abspath(workdir)
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f'--{what}={workdir!r} does not exist.')
+  config = loop.read_config(workdir)
+  train_source, eval_source, _, task, module = loop.build_parts(config, workdir)
+  state = checkpoint.restore_arrays(workdir)
+  params = state['ema_params'] if state.get('ema_params') is not None else state['params']
+  return (config, train_source, eval_source, task, module,
+          {'params': params, **(state.get('model_state') or {})}, int(state['step']))
+
+
+def layer_input(module, variables, inputs: tuple, layer: str):
+  """The first positional input of the submodule named `layer` when `module` is applied."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+
+  captured = []
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.module.name == layer and context.method_name == '__call__' and not captured:
+      captured.append(args[0])
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    module.apply(variables, *inputs)
+  if not captured:
+    raise ValueError(f'--feature_layer={layer!r} is not a layer the classifier calls.')
+  return captured[0]
+
+
+def feature_fn(task, module, variables, layer: str):
+  """pixels uint8 [N, H, W, C] → features float64 [N, F], in batches of 500."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  @jax.jit
+  def features(variables, inputs):
+    batch = task.transform({}, {'input': inputs}, False)
+    flat = layer_input(module, variables, task.model_inputs(batch), layer)
+    return flat.reshape(flat.shape[0], -1).astype(jax.numpy.float32)
+
+  def run(pixels_NxHxWxC):
+    out = []
+    for start in range(0, len(pixels_NxHxWxC), 500):
+      chunk = pixels_NxHxWxC[start:start + 500]
+      inputs = task.preprocess({task.input_key: chunk,
+                                'label': np.zeros(len(chunk), np.int32)})['input']
+      out.append(np.asarray(features(variables, inputs), np.float64))
+    return np.concatenate(out)
+  return run
+
+
+def to_pixels(images_NxHxWxC) -> np.ndarray:
+  """Samples in [0, 1] as uint8 pixels round(255·x)."""
+  return np.round(np.clip(np.asarray(images_NxHxWxC, np.float64), 0, 1) * 255).astype(np.uint8)
+
+
+def cold_start(key, train_x0_NxHxWxC, num: int, noise: float):
+  """Flat images [num, H, W, C] at channel values from a Gaussian fitted to the channel means
+  of the training images (Bansal et al. 2022, §5), plus N(0, noise²) per pixel."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  means_NxC = np.asarray(train_x0_NxHxWxC, np.float64).mean(axis=(1, 2))
+  mean_C, cov_CxC = means_NxC.mean(axis=0), np.atleast_2d(np.cov(means_NxC, rowvar=False))
+  level_key, noise_key = jax.random.split(key)
+  levels_NxC = jax.random.multivariate_normal(level_key, mean_C, cov_CxC, (num,))
+  shape = (num,) + tuple(train_x0_NxHxWxC.shape[1:])
+  return (levels_NxC[:, None, None, :].astype(np.float32)
+          + noise * jax.random.normal(noise_key, shape, np.float32))
+
+
+def draw_samples(config, task, module, variables, train_source, *, sampler: str, steps: int,
+                 num: int, batch_size: int, seed: int, cold_noise: float):
+  """(samples [num, H, W, C] in [0, 1], seconds per sample after compilation)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from data import pipeline  # pylint: disable=g-import-not-at-top
+  from models.generative import cold as cold_lib  # pylint: disable=g-import-not-at-top
+
+  task_name = config.task.name
+  if sampler == 'vae':
+    if config.model.name != 'vae':
+      raise ValueError(f'--sampler=vae needs a VAE run; this one trained {config.model.name!r}.')
+
+    def draw(variables, key, count):
+      def decode(m):
+        out, log_var = m.decode(jax.random.normal(key, (count, m.latent_dim)))
+        return jax.nn.sigmoid(out) if log_var is None else out
+      return jax.numpy.clip(module.apply(variables, method=decode), 0, 1)
+  elif task_name != 'diffusion':
+    raise ValueError(f'--sampler={sampler} needs a diffusion or VAE run; this one has task '
+                     f'{task_name!r}.')
+  elif sampler == 'cold':
+    if task.objective != 'cold':
+      raise ValueError(f'--sampler=cold needs a cold run; this one has objective '
+                       f'{task.objective!r}.')
+    records = pipeline.read_batch(train_source, np.arange(min(len(train_source), 10_000)))
+    train_x0 = task.preprocess(records)['x0']
+    num_steps = steps or task.process_steps
+
+    def draw(variables, key, count):
+      x_T = cold_start(key, train_x0, count, cold_noise)
+      restore = task.model_fn(lambda x, t: module.apply(variables, x, t))
+      x0 = cold_lib.improved_sample(restore, task.degrade_fn(x_T), x_T, num_steps)
+      return jax.numpy.clip((x0 + 1) / 2, 0, 1)
+  else:
+    def draw(variables, key, count):
+      return task.sample(module, variables, key, count, steps, sampler=sampler)
+
+  sizes = [min(batch_size, num - start) for start in range(0, num, batch_size)]
+  compiled = {size: jax.jit(lambda v, k, size=size: draw(v, k, size)).lower(
+      variables, jax.random.PRNGKey(0)).compile() for size in sorted(set(sizes))}
+  start_time, out = time.perf_counter(), []
+  for index, size in enumerate(sizes):
+    out.append(np.asarray(compiled[size](variables, jax.random.fold_in(
+        jax.random.PRNGKey(seed), index))))
+  return np.concatenate(out), (time.perf_counter() - start_time) / num
+
+
+def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: int, seed: int,
+                     batch_size: int) -> float:
+  """Mean bits per dimension of the first `num` test images by the probability-flow ODE."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from data import pipeline  # pylint: disable=g-import-not-at-top
+  from models.generative import likelihood, sde as sde_lib  # pylint: disable=g-import-not-at-top
+
+  sde, score_fn = task.score_model(lambda x, t: module.apply(variables, x, t))
+  pixels = pipeline.read_batch(eval_source, np.arange(num))[task.input_key]
+  dims = math.prod(pixels.shape[1:])
+
+  @jax.jit
+  def nll_bits(pixels, key):
+    dequantize_key, probe_key = jax.random.split(key)
+    y = likelihood.dequantize(dequantize_key, pixels)
+    log_p_x = sde_lib.ode_log_likelihood(sde, score_fn, 2 * y - 1, probe_key, num_steps=steps)
+    return likelihood.bits_per_dim(-(log_p_x + dims * math.log(2)), dims)
+
+  bits = [np.asarray(nll_bits(pixels[start:start + batch_size],
+                              jax.random.fold_in(jax.random.PRNGKey(seed), start)))
+          for start in range(0, num, batch_size)]
+  return float(np.mean(np.concatenate(bits)))
+
+
+def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, num_samples: int,
+            batch_size: int, seed: int, cold_noise: float = 0.002,
+            bits_per_dim_examples: int = 0, likelihood_steps: int = 20,
+            feature_layer: str = 'head') -> dict:
+  """The row of one model and sampler (module doc); bad inputs raise ValueError or
+  FileNotFoundError in one sentence before anything is compiled."""
+  from data import pipeline  # pylint: disable=g-import-not-at-top
+  from models.generative import frechet  # pylint: disable=g-import-not-at-top
+  from train.tasks import diffusion  # pylint: disable=g-import-not-at-top
+
+  for name, value, least in (('num_samples', num_samples, 2), ('batch_size', batch_size, 1)):
+    if value < least:
+      raise ValueError(f'--{name}={value} is too small; give at least {least}.')
+  if steps < 0 or bits_per_dim_examples < 0 or likelihood_steps < 1:
+    raise ValueError(f'--steps={steps} and --bits_per_dim_examples={bits_per_dim_examples} must '
+                     f'be ≥ 0 and --likelihood_steps={likelihood_steps} ≥ 1.')
+  if (sampler == 'data') != (not workdir):
+    raise ValueError('--sampler=data takes no --workdir; every other sampler needs one.')
+  (_, c_train, c_eval, c_task, c_module, c_variables, _) = _load(classifier, 'classifier')
+  if num_samples > len(c_eval):
+    raise ValueError(f'--num_samples={num_samples} exceeds the {len(c_eval)} reference images.')
+  features = feature_fn(c_task, c_module, c_variables, feature_layer)
+  test_pixels = pipeline.read_batch(c_eval, np.arange(len(c_eval)))[c_task.input_key]
+  reference = frechet.feature_statistics(features(test_pixels))
+
+  row = {'sampler': sampler, 'num_samples': num_samples, 'seed': seed,
+         'classifier': os.path.abspath(classifier), 'feature_layer': feature_layer}
+  if sampler == 'data':
+    order = np.random.default_rng(seed).permutation(len(c_train))[:num_samples]
+    images = pipeline.read_batch(c_train, np.sort(order))[c_task.input_key] / 255.0
+    out_dir = os.path.abspath(classifier)
+  else:
+    config, train_source, eval_source, task, module, variables, step = _load(workdir, 'workdir')
+    shapes = task.meta.get('shapes', {})
+    if shapes and tuple(shapes.get('image', ())) != tuple(test_pixels.shape[1:]):
+      raise ValueError(f'The run in {workdir!r} models data of another shape than the '
+                       f'classifier\'s {tuple(test_pixels.shape[1:])} images.')
+    if config.task.name == 'diffusion' and sampler not in ('cold',) + diffusion.SAMPLERS.get(
+        task.objective, ()):
+      raise ValueError(f'--sampler={sampler} does not sample a {task.objective} run; allowed: '
+                       f'{", ".join(diffusion.SAMPLERS[task.objective]) or "cold"}.')
+    if bits_per_dim_examples and (config.task.name != 'diffusion'
+                                  or task.objective not in ('ddpm', 'score_sde')):
+      raise ValueError('--bits_per_dim_examples needs a ddpm or score_sde run.')
+    images, seconds = draw_samples(config, task, module, variables, train_source,
+                                   sampler=sampler, steps=steps, num=num_samples,
+                                   batch_size=batch_size, seed=seed, cold_noise=cold_noise)
+    row.update(workdir=os.path.abspath(workdir), step=step, steps=steps,
+               seconds_per_sample=seconds)
+    if bits_per_dim_examples:
+      row['ode_bits_per_dim'] = ode_bits_per_dim(
+          task, module, variables, eval_source, num=bits_per_dim_examples,
+          steps=likelihood_steps, seed=seed, batch_size=batch_size)
+      row.update(bits_per_dim_examples=bits_per_dim_examples, likelihood_steps=likelihood_steps)
+    out_dir = os.path.abspath(workdir)
+  row['frechet_distance'] = frechet.frechet_distance(
+      *frechet.feature_statistics(features(to_pixels(images))), *reference)
+  _save_grid(images[:GRID_SAMPLES], os.path.join(out_dir, 'samples', f'{sampler}_{steps}.png'))
+  with open(os.path.join(out_dir, OUTPUT_FILE), 'a', encoding='utf-8') as f:
+    f.write(json.dumps(row, sort_keys=True) + '\n')
+  return row
+
+
+def _save_grid(images_NxHxWxC, path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from train.tasks import diffusion  # pylint: disable=g-import-not-at-top
+
+  grid = diffusion.image_grid(np.asarray(images_NxHxWxC, np.float32), columns=16)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  plt.imsave(path, grid[..., 0] if grid.shape[-1] == 1 else grid, cmap='gray', vmin=0, vmax=1)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
+  logging.set_verbosity(logging.WARNING)
+  try:
+    row = measure(classifier=FLAGS.classifier, workdir=FLAGS.workdir, sampler=FLAGS.sampler,
+                  steps=FLAGS.steps, num_samples=FLAGS.num_samples, batch_size=FLAGS.batch_size,
+                  seed=FLAGS.seed, cold_noise=FLAGS.cold_noise,
+                  bits_per_dim_examples=FLAGS.bits_per_dim_examples,
+                  likelihood_steps=FLAGS.likelihood_steps, feature_layer=FLAGS.feature_layer)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f'error: {e}')
+  print(json.dumps(row, sort_keys=True))
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

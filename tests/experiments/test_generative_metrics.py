@@ -1,0 +1,67 @@
+"""The generative-metrics command: its features are the classifier's pooled activations (the
+input of the ResNet's 'head', checked against the last block's output and the logits), the
+cold sampler's flat start, pixel rounding, and one-sentence errors before anything loads."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import generative_metrics
+from models.vision import resnet
+
+
+def test_features_are_the_input_of_the_classifier_head():
+  module = resnet.ResNet(num_classes=3, stage_sizes=(1, 1), stage_widths=(4, 8), stem_width=4,
+                         small_input_stem=True)
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 1))
+  variables = module.init(jax.random.PRNGKey(1), x)
+  features = generative_metrics.layer_input(module, variables, (x,), 'head')
+  logits, captured = module.apply(variables, x, capture_intermediates=True)
+  last_block = captured['intermediates']['stage2_block1']['__call__'][0]
+  # The global average pool of the last block's output, which the head maps to the logits.
+  np.testing.assert_allclose(features, last_block.mean(axis=(1, 2)), rtol=1e-5, atol=1e-6)
+  head = variables['params']['head']
+  np.testing.assert_allclose(features @ head['kernel'] + head['bias'], logits, rtol=1e-4,
+                             atol=1e-5)
+  with pytest.raises(ValueError, match="--feature_layer='neck' is not a layer"):
+    generative_metrics.layer_input(module, variables, (x,), 'neck')
+
+
+def test_cold_start_is_flat_at_the_channel_means_of_the_data():
+  rng = np.random.default_rng(0)
+  # Training images whose per-image channel means are N(0.2, 0.1²) and N(−0.3, 0.05²).
+  levels = rng.normal([0.2, -0.3], [0.1, 0.05], size=(4000, 2))
+  train = levels[:, None, None, :] + rng.normal(size=(4000, 4, 4, 2)) * 0.01
+  start = np.asarray(generative_metrics.cold_start(jax.random.PRNGKey(0), train, 2000, 0.002),
+                     np.float64)
+  assert start.shape == (2000, 4, 4, 2)
+  # Flat up to the per-pixel noise …
+  within = start - start.mean(axis=(1, 2), keepdims=True)
+  assert within.std() == pytest.approx(0.002 * np.sqrt(15 / 16), rel=0.05)
+  # … at levels drawn from the Gaussian of the channel means (4 standard errors).
+  drawn = start.mean(axis=(1, 2))
+  np.testing.assert_allclose(drawn.mean(0), [0.2, -0.3], atol=4 * 0.1 / np.sqrt(2000))
+  np.testing.assert_allclose(drawn.std(0), [0.1, 0.05], rtol=4 / np.sqrt(2 * 2000))
+
+
+def test_samples_become_the_nearest_pixels():
+  pixels = generative_metrics.to_pixels(np.array([-0.1, 0.0, 0.4999 / 255, 0.5 / 255 + 1e-9,
+                                                  127.6 / 255, 1.0, 1.3]))
+  np.testing.assert_array_equal(pixels, [0, 0, 0, 1, 128, 255, 255])
+  assert pixels.dtype == np.uint8
+
+
+@pytest.mark.parametrize('options, error, message', [
+    ({'workdir': 'somewhere', 'sampler': 'data'}, ValueError, '--sampler=data takes no --workdir'),
+    ({'workdir': None, 'sampler': 'ode'}, ValueError, 'every other sampler needs one'),
+    ({'workdir': None, 'sampler': 'data', 'num_samples': 1}, ValueError,
+     '--num_samples=1 is too small; give at least 2'),
+    ({'workdir': None, 'sampler': 'data', 'classifier': '/nonexistent/run'}, FileNotFoundError,
+     "--classifier='/nonexistent/run' does not exist"),
+])
+def test_bad_inputs_stop_in_one_sentence(options, error, message):
+  arguments = {'classifier': '/nonexistent/run', 'steps': 0, 'num_samples': 8, 'batch_size': 4,
+               'seed': 0, **options}
+  with pytest.raises(error, match=message.replace('(', r'\(')):
+    generative_metrics.measure(**arguments)
