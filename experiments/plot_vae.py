@@ -147,7 +147,7 @@ def figure_data(workdir: str, num: int, seed: int) -> dict:
   return data
 
 
-def _mosaic(images_RxCxHxWxC, pad: int = 1) -> np.ndarray:
+def mosaic(images_RxCxHxWxC, pad: int = 1) -> np.ndarray:
   """One [R(H + pad) − pad, C(W + pad) − pad(, 3)] image of a grid of images, white between."""
   rows, columns, height, width, channels = images_RxCxHxWxC.shape
   canvas = np.ones((rows * (height + pad) - pad, columns * (width + pad) - pad, channels),
@@ -160,8 +160,8 @@ def _mosaic(images_RxCxHxWxC, pad: int = 1) -> np.ndarray:
   return canvas[..., 0] if channels == 1 else canvas
 
 
-def _show(ax, mosaic, title, **kwargs):
-  ax.imshow(mosaic, cmap='gray', vmin=0.0, vmax=1.0, **kwargs)
+def _show(ax, image, title, **kwargs):
+  ax.imshow(image, cmap='gray', vmin=0.0, vmax=1.0, **kwargs)
   ax.set_title(title, fontsize=10)
 
 
@@ -174,7 +174,7 @@ def plot(data: dict, path: str) -> None:
 
   ax = fig.add_subplot(spec[0, :])
   pairs = np.stack([data['inputs'], data['reconstructions']])
-  _show(ax, _mosaic(pairs), f'{num} test images x (top) and their reconstructions '
+  _show(ax, mosaic(pairs), f'{num} test images x (top) and their reconstructions '
         'E[x | z = μ(x)] (bottom)')
   ax.set_xticks([])
   ax.set_yticks([(height - 1) / 2, height + 1 + (height - 1) / 2], ['x', 'E[x|μ(x)]'])
@@ -182,7 +182,7 @@ def plot(data: dict, path: str) -> None:
   ax = fig.add_subplot(spec[1, 0])
   side = int(np.sqrt(NUM_PRIOR_SAMPLES))
   samples = data['prior_samples'].reshape((side, side) + data['prior_samples'].shape[1:])
-  _show(ax, _mosaic(samples), f'{NUM_PRIOR_SAMPLES} prior samples: decoder mean\n'
+  _show(ax, mosaic(samples), f'{NUM_PRIOR_SAMPLES} prior samples: decoder mean\n'
         'E[x | z], z ~ N(0, I)')
   ax.axis('off')
 
@@ -211,7 +211,7 @@ def plot(data: dict, path: str) -> None:
     ax = fig.add_subplot(spec[1, 2])
     step = 2 * GRID_LIMIT / (GRID_SIZE - 1)
     half = GRID_LIMIT + step / 2
-    _show(ax, _mosaic(data['grid_images']), f'decoder means E[x | z] on a {GRID_SIZE}×'
+    _show(ax, mosaic(data['grid_images']), f'decoder means E[x | z] on a {GRID_SIZE}×'
           f'{GRID_SIZE} grid\nof z over [−{GRID_LIMIT:g}, {GRID_LIMIT:g}]²',
           extent=(-half, half, -half, half))
     ax.set_xlabel('z₁')

@@ -1,0 +1,244 @@
+"""The reconstruction figure: its reconstructions and cross-entropies equal a NumPy float64
+forward pass and a brute-force Bernoulli cross-entropy; a run's test images are the clean
+images its task evaluates on; bad inputs stop with one sentence before the checkpoint is read."""
+
+import os
+
+import jax
+import matplotlib.pyplot as plt
+import ml_collections
+import numpy as np
+import pytest
+
+from experiments import plot_reconstructions
+from experiments.configs import digits_mlp
+from experiments.configs import fashion_mnist_autoencoder
+from experiments.configs import fashion_mnist_vae
+from models.generative import autoencoders
+from train import checkpoint, loop
+
+
+def _sigmoid(a):
+  return 1.0 / (1.0 + np.exp(-a))
+
+
+def _dense(params, name, h):
+  return h @ np.float64(params[name]['kernel']) + np.float64(params[name]['bias'])
+
+
+def _numpy_logits(params, x_NxHxWxC):
+  """Decoder logits in float64: h = σ(W₁x + b₁), l = W₂h + b₂ for the one-layer autoencoders;
+  l = W_d μ(x) + b_d, μ(x) = W_μ x + b_μ for the VAE without hidden layers."""
+  x = np.asarray(x_NxHxWxC, np.float64).reshape(len(x_NxHxWxC), -1)
+  if 'posterior_mean' in params:
+    return _dense(params, 'decoder_layers_0', _dense(params, 'posterior_mean', x))
+  return _dense(params, 'decoder_0', _sigmoid(_dense(params, 'encoder_0', x)))
+
+
+def _brute_force_cross_entropy(x_NxHxWxC, logits_NxD):
+  """−Σ_i [x_i log p_i + (1 − x_i) log(1 − p_i)], p = σ(l), pixel by pixel."""
+  x = np.asarray(x_NxHxWxC, np.float64).reshape(len(x_NxHxWxC), -1)
+  totals = np.zeros(len(x))
+  for n in range(x.shape[0]):
+    for i in range(x.shape[1]):
+      p = _sigmoid(logits_NxD[n, i])
+      totals[n] -= x[n, i] * np.log(p) + (1 - x[n, i]) * np.log(1 - p)
+  return totals
+
+
+def _random_params(shapes, seed):
+  """N(0, 1) parameters drawn in NumPy (larger than the initialiser's, so that the logits are
+  spread out, and no program is compiled per operation to draw them)."""
+  rng = np.random.default_rng(seed)
+  return {name: {'kernel': rng.normal(size=shape).astype(np.float32),
+                 'bias': rng.normal(size=shape[-1]).astype(np.float32)}
+          for name, shape in shapes.items()}
+
+
+def _tiny_model(kind):
+  """A model on 4×4 images with 3 code units (or latents)."""
+  if kind == 'vae':
+    module = autoencoders.VAE(latent_dim=3, hidden_sizes=(), image_shape=(4, 4, 1))
+    shapes = {'posterior_mean': (16, 3), 'posterior_log_var': (16, 3),
+              'decoder_layers_0': (3, 16)}
+  else:
+    module = autoencoders.DenoisingAutoencoder(latent_dim=3, image_shape=(4, 4, 1))
+    shapes = {'encoder_0': (16, 3), 'decoder_0': (3, 16)}
+  return module, {'params': _random_params(shapes, seed=len(kind))}
+
+
+@pytest.mark.parametrize('kind', ['denoising_autoencoder', 'vae'])
+def test_reconstructions_and_cross_entropies_are_the_numpy_forward_pass(kind):
+  module, variables = _tiny_model(kind)
+  images = np.random.default_rng(0).uniform(size=(5, 4, 4, 1)).astype(np.float32)
+  data = plot_reconstructions.compute(module, variables, images)
+
+  logits_NxD = _numpy_logits(variables['params'], images)
+  assert np.ptp(logits_NxD) > 3  # spread-out logits, not a check of constants
+  # float32 against float64 with N(0, 1) weights: measured max errors 8.1e-8 (images) and
+  # relative 5.3e-8 (cross-entropies of 13 … 32 nats); tolerances 1e-6 and relative 1e-6.
+  np.testing.assert_allclose(data['reconstructions'],
+                             _sigmoid(logits_NxD).reshape(images.shape), atol=1e-6)
+  assert data['cross_entropy'].dtype == np.float64 and data['cross_entropy'].shape == (5,)
+  np.testing.assert_allclose(data['cross_entropy'],
+                             _brute_force_cross_entropy(images, logits_NxD), rtol=1e-6)
+
+
+def test_a_gaussian_vae_has_no_cross_entropy_and_is_refused_in_one_sentence():
+  module = autoencoders.VAE(latent_dim=2, hidden_sizes=(), decoder='gaussian',
+                            image_shape=(4, 4, 1))
+  with pytest.raises(ValueError) as info:
+    plot_reconstructions.compute(module, {}, np.zeros((1, 4, 4, 1), np.float32))
+  assert str(info.value) == ("The model is a VAE with decoder='gaussian', which has no Bernoulli "
+                             "cross-entropy; only decoder='bernoulli' VAEs are allowed.")
+
+
+def test_the_figure_is_written_with_one_row_per_run(tmp_path):
+  rng = np.random.default_rng(2)
+  data = {'inputs': rng.uniform(size=(6, 4, 4, 1)).astype(np.float32),
+          'reconstructions': rng.uniform(size=(2, 6, 4, 4, 1)).astype(np.float32),
+          'cross_entropy': rng.uniform(size=(2, 6)), 'labels': ['a', 'b'], 'steps': [1, 2],
+          'title': 'tiny'}
+  path = str(tmp_path / 'sub' / 'figure.png')
+  plot_reconstructions.plot(data, path)
+  image = plt.imread(path)
+  # Three rows of 4×4 images, six columns: the figure is wider than high.
+  assert image.shape[1] > image.shape[0] > 100
+  assert np.std(image[..., :3]) > 0.1  # not blank
+
+
+def _config(data_dir, model_name, **model_options):
+  """A tiny digits run of `model_name` (8×8 images, 3 code units)."""
+  if model_name == 'mlp':
+    config = digits_mlp.get_config()
+  elif model_name == 'vae':
+    config = fashion_mnist_vae.get_config()
+    config.model.hidden_sizes, config.task.iwae_samples = (), 2
+    config.model.decoder, config.task.dequantize = 'bernoulli', False
+  else:
+    config = fashion_mnist_autoencoder.get_config()
+    config.model.name = model_name
+    config.task.input_scale = 1 / 16  # digits' pixel values are 0..16
+  config.data.name, config.data.data_dir = 'digits', data_dir
+  if model_name != 'mlp':
+    config.model.latent_dim, config.model.image_shape = 3, (8, 8, 1)
+    config.global_batch_size, config.eval_batch_size = 8, 8
+  config.model.update(model_options)
+  return ml_collections.ConfigDict(config.to_dict())
+
+
+def _fake_run(workdir, config):
+  """A run whose checkpoint of step 2 holds N(0, 1) parameters (nothing is trained)."""
+  run = loop.setup(config, workdir)
+  rng = np.random.default_rng(0)
+  try:
+    abstract = run.parallel.abstract_state(run.init_fn, run.rng)
+    state = jax.tree.map(lambda leaf: rng.normal(size=leaf.shape).astype(leaf.dtype), abstract)
+    state = state.replace(step=np.int32(2))
+    run.checkpointer.save(2, state, {'iterator': run.train_iterator().get_state()}, force=True)
+  finally:
+    run.checkpointer.close()
+    run.lock.release()
+  return workdir
+
+
+def test_every_run_reconstructs_the_same_clean_test_images_from_its_checkpoint(tmp_path,
+                                                                               data_dir):
+  import data as data_lib  # pylint: disable=g-import-not-at-top
+  # The denoising run's task masks 30% of the pixels of training batches; the figure must not.
+  denoising = _fake_run(str(tmp_path / 'dae'), _config(data_dir, 'denoising_autoencoder'))
+  vae = _fake_run(str(tmp_path / 'vae'), _config(data_dir, 'vae'))
+  data = plot_reconstructions.run([denoising, vae], 4, 0, str(tmp_path / 'figure.png'))
+  assert os.path.getsize(tmp_path / 'figure.png') > 5000
+
+  test = data_lib.load('digits', 'test', data_dir=data_dir)
+  pixels = np.stack([np.asarray(test[k]['image'], np.float64) for k in range(len(test))])
+  # Each input is a whole clean test image pixels/16 (a masked one would match none), and the
+  # four are different images.
+  matches = [np.flatnonzero(np.all(pixels / 16 == x, axis=(1, 2, 3))) for x in data['inputs']]
+  assert all(len(m) >= 1 for m in matches), matches
+  chosen = np.array([m[0] for m in matches])
+  assert len(set(chosen)) == 4
+  assert data['labels'] == ['denoising_autoencoder', 'vae'] and data['steps'] == [2, 2]
+
+  # Each run's rows from its own checkpoint and its own task's inputs: the VAE task's x is
+  # pixels/255 (no dequantisation in this config), the same images.
+  for r, (workdir, x) in enumerate([(denoising, pixels[chosen] / 16),
+                                    (vae, pixels[chosen] / 255)]):
+    logits_NxD = _numpy_logits(checkpoint.restore_arrays(workdir)['params'], x)
+    # float32 against float64, N(0, 1) weights on 64 pixels: measured max errors 8.9e-8
+    # (images) and relative 1.6e-8 (cross-entropies of 56 … 68 nats); tolerances 1e-6 and
+    # relative 1e-6.
+    np.testing.assert_allclose(data['reconstructions'][r],
+                               _sigmoid(logits_NxD).reshape(x.shape), atol=1e-6)
+    np.testing.assert_allclose(data['cross_entropy'][r],
+                               _brute_force_cross_entropy(x, logits_NxD), rtol=1e-6)
+
+
+def _error(workdirs, monkeypatch, num=8, build=False) -> str:
+  def unreachable(*args, **kwargs):
+    raise AssertionError('the run was loaded before the error')
+  monkeypatch.setattr(checkpoint, 'restore_arrays', unreachable)
+  if not build:
+    monkeypatch.setattr(loop, 'build_parts', unreachable)
+  with pytest.raises(SystemExit) as info:
+    plot_reconstructions.run([str(w) for w in workdirs], num, 0, '/nonexistent/never.png')
+  message = info.value.code
+  assert isinstance(message, str), message  # sys.exit(str): status 1
+  assert message.startswith('error: ') and '\n' not in message and message.endswith('.'), message
+  return message
+
+
+def test_a_missing_work_directory_is_one_sentence(tmp_path, monkeypatch):
+  assert _error([tmp_path, tmp_path / 'nowhere'], monkeypatch) == (
+      f"error: The work directory '{tmp_path / 'nowhere'}' does not exist.")
+
+
+@pytest.mark.parametrize('workdirs', [[], ['']])
+def test_no_work_directories_is_one_sentence(workdirs, monkeypatch):
+  assert _error(workdirs, monkeypatch) == (
+      f"error: --workdirs={','.join(workdirs)!r} must name one or more work directories of "
+      'trained autoencoder runs, separated by commas.')
+
+
+@pytest.mark.parametrize('num', [0, 33])
+def test_a_bad_num_is_one_sentence(tmp_path, monkeypatch, num):
+  assert _error([tmp_path], monkeypatch, num=num) == (
+      f'error: --num={num} is not allowed; reconstruct from 1 to 32 images.')
+
+
+def test_a_run_of_another_model_is_one_sentence(tmp_path, data_dir, monkeypatch):
+  (tmp_path / 'config.json').write_text(_config(data_dir, 'mlp').to_json())
+  assert _error([tmp_path], monkeypatch) == (
+      f"error: The run in '{tmp_path}' trained model 'mlp', not an autoencoder; allowed: "
+      'autoencoder, denoising_autoencoder, sparse_autoencoder, contractive_autoencoder, vae.')
+
+
+def _fake_run_directory(path, config):
+  os.makedirs(path)
+  (path / 'config.json').write_text(config.to_json())
+  return path
+
+
+def test_runs_on_other_images_are_one_sentence(tmp_path, data_dir, monkeypatch):
+  first = _fake_run_directory(tmp_path / 'a', _config(data_dir, 'sparse_autoencoder'))
+  config = _config(data_dir, 'contractive_autoencoder')
+  config.data.name = 'mnist'
+  second = _fake_run_directory(tmp_path / 'b', config)
+  assert _error([first, second], monkeypatch) == (
+      f"error: All runs must reconstruct the same test images, but '{first}' evaluates on "
+      f"digits/test and '{second}' on mnist/test.")
+
+
+def test_runs_of_other_image_shapes_and_a_gaussian_vae_are_one_sentence(tmp_path, data_dir,
+                                                                        monkeypatch):
+  first = _fake_run_directory(tmp_path / 'a', _config(data_dir, 'sparse_autoencoder'))
+  second = _fake_run_directory(tmp_path / 'b', _config(data_dir, 'autoencoder',
+                                                       image_shape=(4, 4, 1)))
+  assert _error([first, second], monkeypatch, build=True) == (
+      f"error: All runs must have the same image shape, but '{first}' has (8, 8, 1) and "
+      f"'{second}' has (4, 4, 1).")
+  gaussian = _fake_run_directory(tmp_path / 'c', _config(data_dir, 'vae', decoder='gaussian'))
+  assert _error([first, gaussian], monkeypatch, build=True) == (
+      f"error: The model of the run in '{gaussian}' is a VAE with decoder='gaussian', which has "
+      "no Bernoulli cross-entropy; only decoder='bernoulli' VAEs are allowed.")
