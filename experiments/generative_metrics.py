@@ -23,8 +23,10 @@ Samplers, by the run's model and task:
 Features are the input of the classifier's last Dense layer (`--feature_layer`, 'head': the
 global average pool of a ResNet), for images prepared as the classifier's task prepares its
 inputs, from pixels round(255·x) of samples x in [0, 1]. The reference statistics are those
-of the whole test split. The distance is in this feature space only, not comparable with
-Inception-based FIDs, and it is biased upwards for small N: compare models at one N, against
+of the whole test split (binarised at 128 for a D3PM run, which models binary images, and with
+--binarize, e.g. for the floor of such runs). The distance is in this feature space only, not
+comparable with Inception-based FIDs, and it is biased upwards for small N: compare models at
+one N, against
 the floor at that N.
 
 --bits_per_dim_examples=M (ddpm and score_sde runs) also gives the probability-flow ODE's
@@ -76,6 +78,8 @@ def define_flags() -> None:
   flags.DEFINE_integer('bits_per_dim_examples', 0, 'Test images whose ODE likelihood is '
                        'computed (ddpm and score_sde runs; 0: none).')
   flags.DEFINE_integer('likelihood_steps', 20, 'RK4 steps of the likelihood ODE.')
+  flags.DEFINE_bool('binarize', False, 'Compare binarised images (pixels ≥ 128 → 255, else 0): '
+                    'the reference and, with --sampler=data, the samples; always for a d3pm run.')
   flags.DEFINE_string('feature_layer', 'head', 'Name of the classifier\'s layer whose input is '
                       'the feature vector.')
 
@@ -134,6 +138,11 @@ def feature_fn(task, module, variables, layer: str):
       out.append(np.asarray(features(variables, inputs), np.float64))
     return np.concatenate(out)
   return run
+
+
+def binary(pixels) -> np.ndarray:
+  """Pixels binarised as the d3pm objective does (≥ 128), as uint8 0 or 255."""
+  return np.where(np.asarray(pixels) >= 128, 255, 0).astype(np.uint8)
 
 
 def to_pixels(images_NxHxWxC) -> np.ndarray:
@@ -255,7 +264,7 @@ def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: i
 def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, num_samples: int,
             batch_size: int, seed: int, cold_noise: float = 0.002,
             bits_per_dim_examples: int = 0, likelihood_steps: int = 20,
-            feature_layer: str = 'head') -> dict:
+            feature_layer: str = 'head', binarize: bool = False) -> dict:
   """The row of one model and sampler (module doc); bad inputs raise ValueError or
   FileNotFoundError in one sentence before anything is compiled."""
   from data import pipeline  # pylint: disable=g-import-not-at-top
@@ -273,17 +282,8 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
   (_, c_train, c_eval, c_task, c_module, c_variables, _) = _load(classifier, 'classifier')
   if num_samples > len(c_eval):
     raise ValueError(f'--num_samples={num_samples} exceeds the {len(c_eval)} reference images.')
-  features = feature_fn(c_task, c_module, c_variables, feature_layer)
   test_pixels = pipeline.read_batch(c_eval, np.arange(len(c_eval)))[c_task.input_key]
-  reference = frechet.feature_statistics(features(test_pixels))
-
-  row = {'sampler': sampler, 'num_samples': num_samples, 'seed': seed,
-         'classifier': os.path.abspath(classifier), 'feature_layer': feature_layer}
-  if sampler == 'data':
-    order = np.random.default_rng(seed).permutation(len(c_train))[:num_samples]
-    images = pipeline.read_batch(c_train, np.sort(order))[c_task.input_key] / 255.0
-    out_dir = os.path.abspath(classifier)
-  else:
+  if sampler != 'data':
     config, train_source, eval_source, task, module, variables, step = _load(workdir, 'workdir')
     shapes = task.meta.get('shapes', {})
     if shapes and tuple(shapes.get('image', ())) != tuple(test_pixels.shape[1:]):
@@ -293,9 +293,27 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
         task.objective, ()):
       raise ValueError(f'--sampler={sampler} does not sample a {task.objective} run; allowed: '
                        f'{", ".join(diffusion.SAMPLERS[task.objective]) or "cold"}.')
+    if (config.task.name == 'diffusion') == (sampler == 'vae'):
+      raise ValueError(f'--sampler={sampler} does not sample the run in {workdir!r} (model '
+                       f'{config.model.name!r}, task {config.task.name!r}); vae samples VAE '
+                       'runs, the others diffusion runs.')
     if bits_per_dim_examples and (config.task.name != 'diffusion'
                                   or task.objective not in ('ddpm', 'score_sde')):
       raise ValueError('--bits_per_dim_examples needs a ddpm or score_sde run.')
+    # D3PM models binarised images (train/tasks/diffusion.py): compare them with binarised ones.
+    binarize = binarize or getattr(task, 'objective', None) == 'd3pm'
+  features = feature_fn(c_task, c_module, c_variables, feature_layer)
+  reference = frechet.feature_statistics(features(binary(test_pixels) if binarize
+                                                  else test_pixels))
+
+  row = {'sampler': sampler, 'num_samples': num_samples, 'seed': seed, 'binarize': binarize,
+         'classifier': os.path.abspath(classifier), 'feature_layer': feature_layer}
+  if sampler == 'data':
+    order = np.random.default_rng(seed).permutation(len(c_train))[:num_samples]
+    pixels = pipeline.read_batch(c_train, np.sort(order))[c_task.input_key]
+    images = (binary(pixels) if binarize else pixels) / 255.0
+    out_dir = os.path.abspath(classifier)
+  else:
     images, seconds = draw_samples(config, task, module, variables, train_source,
                                    sampler=sampler, steps=steps, num=num_samples,
                                    batch_size=batch_size, seed=seed, cold_noise=cold_noise)
@@ -338,7 +356,8 @@ def main(argv):
                   steps=FLAGS.steps, num_samples=FLAGS.num_samples, batch_size=FLAGS.batch_size,
                   seed=FLAGS.seed, cold_noise=FLAGS.cold_noise,
                   bits_per_dim_examples=FLAGS.bits_per_dim_examples,
-                  likelihood_steps=FLAGS.likelihood_steps, feature_layer=FLAGS.feature_layer)
+                  likelihood_steps=FLAGS.likelihood_steps, feature_layer=FLAGS.feature_layer,
+                  binarize=FLAGS.binarize)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')
   print(json.dumps(row, sort_keys=True))

@@ -50,6 +50,9 @@ def test_samples_become_the_nearest_pixels():
                                                   127.6 / 255, 1.0, 1.3]))
   np.testing.assert_array_equal(pixels, [0, 0, 0, 1, 128, 255, 255])
   assert pixels.dtype == np.uint8
+  # D3PM's binarisation: 128 and above are on.
+  np.testing.assert_array_equal(generative_metrics.binary(np.array([0, 127, 128, 255], np.uint8)),
+                                [0, 0, 255, 255])
 
 
 @pytest.mark.parametrize('options, error, message', [
