@@ -39,6 +39,8 @@ A cold run also restores the first --batch_size test images from D(x_0, t) at t 
 the paper's Algorithms 1 and 2 and reports their mean ℓ1 errors (figure
 `samples/cold_restore_<t>.png`: images, degradations, Algorithm 1, Algorithm 2).
 
+--weights=params samples with the run's parameters instead of their moving average.
+
 Prints the row and appends it to `<workdir>/generative_metrics.jsonl` (the classifier's for
 the floor); the first 64 samples are drawn to `<that workdir>/samples/<sampler>_<steps>.png`.
 """
@@ -80,12 +82,15 @@ def define_flags() -> None:
   flags.DEFINE_integer('likelihood_steps', 20, 'RK4 steps of the likelihood ODE.')
   flags.DEFINE_bool('binarize', False, 'Compare binarised images (pixels ≥ 128 → 255, else 0): '
                     'the reference and, with --sampler=data, the samples; always for a d3pm run.')
+  flags.DEFINE_enum('weights', 'ema', ('ema', 'params'), 'The run\'s parameter average (when '
+                    'it kept one) or its parameters.')
   flags.DEFINE_string('feature_layer', 'head', 'Name of the classifier\'s layer whose input is '
                       'the feature vector.')
 
 
-def _load(workdir: str, what: str):
-  """(config, train source, eval source, task, module, variables) of a trained run."""
+def _load(workdir: str, what: str, weights: str = 'ema'):
+  """(config, train source, eval source, task, module, variables, step) of a trained run,
+  with its parameter average ('ema', when the run kept one) or its parameters ('params')."""
   from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
 
   if not workdir:
@@ -96,7 +101,8 @@ def _load(workdir: str, what: str):
   config = loop.read_config(workdir)
   train_source, eval_source, _, task, module = loop.build_parts(config, workdir)
   state = checkpoint.restore_arrays(workdir)
-  params = state['ema_params'] if state.get('ema_params') is not None else state['params']
+  use_ema = weights == 'ema' and state.get('ema_params') is not None
+  params = state['ema_params'] if use_ema else state['params']
   return (config, train_source, eval_source, task, module,
           {'params': params, **(state.get('model_state') or {})}, int(state['step']))
 
@@ -264,13 +270,15 @@ def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: i
 def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, num_samples: int,
             batch_size: int, seed: int, cold_noise: float = 0.002,
             bits_per_dim_examples: int = 0, likelihood_steps: int = 20,
-            feature_layer: str = 'head', binarize: bool = False) -> dict:
+            feature_layer: str = 'head', binarize: bool = False, weights: str = 'ema') -> dict:
   """The row of one model and sampler (module doc); bad inputs raise ValueError or
   FileNotFoundError in one sentence before anything is compiled."""
   from data import pipeline  # pylint: disable=g-import-not-at-top
   from models.generative import frechet  # pylint: disable=g-import-not-at-top
   from train.tasks import diffusion  # pylint: disable=g-import-not-at-top
 
+  if weights not in ('ema', 'params'):
+    raise ValueError(f'--weights={weights!r}; allowed: ema, params.')
   for name, value, least in (('num_samples', num_samples, 2), ('batch_size', batch_size, 1)):
     if value < least:
       raise ValueError(f'--{name}={value} is too small; give at least {least}.')
@@ -284,7 +292,8 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
     raise ValueError(f'--num_samples={num_samples} exceeds the {len(c_eval)} reference images.')
   test_pixels = pipeline.read_batch(c_eval, np.arange(len(c_eval)))[c_task.input_key]
   if sampler != 'data':
-    config, train_source, eval_source, task, module, variables, step = _load(workdir, 'workdir')
+    config, train_source, eval_source, task, module, variables, step = _load(
+        workdir, 'workdir', weights)
     shapes = task.meta.get('shapes', {})
     if shapes and tuple(shapes.get('image', ())) != tuple(test_pixels.shape[1:]):
       raise ValueError(f'The run in {workdir!r} models data of another shape than the '
@@ -317,7 +326,7 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
     images, seconds = draw_samples(config, task, module, variables, train_source,
                                    sampler=sampler, steps=steps, num=num_samples,
                                    batch_size=batch_size, seed=seed, cold_noise=cold_noise)
-    row.update(workdir=os.path.abspath(workdir), step=step, steps=steps,
+    row.update(workdir=os.path.abspath(workdir), step=step, steps=steps, weights=weights,
                seconds_per_sample=seconds)
     if bits_per_dim_examples:
       row['ode_bits_per_dim'] = ode_bits_per_dim(
@@ -357,7 +366,7 @@ def main(argv):
                   seed=FLAGS.seed, cold_noise=FLAGS.cold_noise,
                   bits_per_dim_examples=FLAGS.bits_per_dim_examples,
                   likelihood_steps=FLAGS.likelihood_steps, feature_layer=FLAGS.feature_layer,
-                  binarize=FLAGS.binarize)
+                  binarize=FLAGS.binarize, weights=FLAGS.weights)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')
   print(json.dumps(row, sort_keys=True))

@@ -83,7 +83,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.parallel.logical_axis_rules = config_dict.placeholder(tuple)
 
   # Exponential moving average of the parameters, used for evaluation and
-  # sampling when > 0 (e.g. 0.999).
+  # sampling when > 0 (e.g. 0.999); the decay after n updates is
+  # min(ema_decay, (1 + n)/(10 + n)) (train/step.py ema_decay_at).
   config.ema_decay = 0.0
   # Micro-batches per step: gradients are summed over them before one update.
   config.grad_accum_steps = 1

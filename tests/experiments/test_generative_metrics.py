@@ -60,6 +60,8 @@ def test_samples_become_the_nearest_pixels():
     ({'workdir': None, 'sampler': 'ode'}, ValueError, 'every other sampler needs one'),
     ({'workdir': None, 'sampler': 'data', 'num_samples': 1}, ValueError,
      '--num_samples=1 is too small; give at least 2'),
+    ({'workdir': None, 'sampler': 'data', 'weights': 'average'}, ValueError,
+     "--weights='average'; allowed: ema, params"),
     ({'workdir': None, 'sampler': 'data', 'classifier': '/nonexistent/run'}, FileNotFoundError,
      "--classifier='/nonexistent/run' does not exist"),
 ])

@@ -185,15 +185,16 @@ def test_augmentation_runs_in_the_step_with_the_augment_stream():
 
 
 def test_ema_follows_the_hand_computed_average():
-  decay = 0.9
   model, task, state, _, batch = _setup(dropout_rate=0.0, ema=True)
   tx = optax.sgd(0.1)
   fn = jax.jit(functools.partial(step.train_step, model=model, task=task, tx=tx,
-                                 learning_rate_fn=optax.constant_schedule(0.1), ema_decay=decay))
+                                 learning_rate_fn=optax.constant_schedule(0.1), ema_decay=0.2))
   expected = jax.tree.map(np.asarray, state.params)
-  for _ in range(3):
+  # The warm-up min(0.2, (1 + n)/(10 + n)) after n updates: 2/11, then the cap 0.2 (3/12 and
+  # 4/13 exceed it).
+  for decay in (2 / 11, 0.2, 0.2):
     state, _ = fn(state, batch)
-    expected = jax.tree.map(lambda e, p: decay * e + (1 - decay) * np.asarray(p), expected,
+    expected = jax.tree.map(lambda e, p, d=decay: d * e + (1 - d) * np.asarray(p), expected,
                             state.params)
   for e, got in zip(jax.tree.leaves(expected), jax.tree.leaves(state.ema_params)):
     np.testing.assert_allclose(got, e, rtol=1e-6, atol=1e-7)
