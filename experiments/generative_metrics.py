@@ -14,9 +14,9 @@ Samplers, by the run's model and task:
                          probability-flow ODE by RK4 with --steps steps);
   diffusion, score_sde:  pc, ode;
   diffusion, d3pm:       ancestral (all T steps);
-  diffusion, cold:       cold (Bansal et al. 2022, Algorithm 2, from a flat image: one value
-                         per channel drawn from a Gaussian fitted to the channel means of the
-                         training images, plus N(0, --cold_noise²) per pixel, §5);
+  diffusion, cold:       cold (Bansal et al. 2022, Algorithm 2 from x_T drawn from a Gaussian
+                         fitted to the degraded training images D(x_0, T), or with
+                         --cold_start=flat from the paper's flat images, §5: `cold_start`);
   vae:                   vae (decoder means E[x | z], z ~ N(0, I));
   no run:                data (--num_samples training images, the floor).
 
@@ -42,7 +42,7 @@ the paper's Algorithms 1 and 2 and reports their mean ℓ1 errors (figure
 --weights=params samples with the run's parameters instead of their moving average.
 
 Prints the row and appends it to `<workdir>/generative_metrics.jsonl` (the classifier's for
-the floor); the first 64 samples are drawn to `<that workdir>/samples/<sampler>_<steps>.png`.
+the floor); the first 64 samples are drawn to `<that workdir>/samples/<sampler>_<steps>_….png`.
 """
 
 import json
@@ -75,6 +75,8 @@ def define_flags() -> None:
   flags.DEFINE_integer('num_samples', 256, 'Samples whose features are compared.')
   flags.DEFINE_integer('batch_size', 128, 'Samples drawn at once.')
   flags.DEFINE_integer('seed', 0, 'Seed of the samples.')
+  flags.DEFINE_enum('cold_start', 'gaussian', ('gaussian', 'flat'), 'Where cold generation '
+                    'starts (`cold_start`).')
   flags.DEFINE_float('cold_noise', 0.002, 'Per-pixel noise of the cold sampler\'s start, in '
                      'the network\'s [−1, 1] scale.')
   flags.DEFINE_integer('bits_per_dim_examples', 0, 'Test images whose ODE likelihood is '
@@ -156,22 +158,37 @@ def to_pixels(images_NxHxWxC) -> np.ndarray:
   return np.round(np.clip(np.asarray(images_NxHxWxC, np.float64), 0, 1) * 255).astype(np.uint8)
 
 
-def cold_start(key, train_x0_NxHxWxC, num: int, noise: float):
-  """Flat images [num, H, W, C] at channel values from a Gaussian fitted to the channel means
-  of the training images (Bansal et al. 2022, §5), plus N(0, noise²) per pixel."""
+def cold_start(key, degraded_NxHxWxC, num: int, kind: str = 'gaussian', noise: float = 0.002):
+  """Starts x_T [num, H, W, C] of cold generation, from degraded training images D(x_0, T):
+    'flat' (Bansal et al. 2022, §5): flat images at channel values drawn from a Gaussian fitted
+      to the images' channel means, plus N(0, noise²) per pixel: the fully degraded image
+      when the blur reaches a constant;
+    'gaussian': a Gaussian fitted to the degraded images themselves (mean and full covariance
+      over the pixels), for a blur that stops short of a constant."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  means_NxC = np.asarray(train_x0_NxHxWxC, np.float64).mean(axis=(1, 2))
-  mean_C, cov_CxC = means_NxC.mean(axis=0), np.atleast_2d(np.cov(means_NxC, rowvar=False))
-  level_key, noise_key = jax.random.split(key)
-  levels_NxC = jax.random.multivariate_normal(level_key, mean_C, cov_CxC, (num,))
-  shape = (num,) + tuple(train_x0_NxHxWxC.shape[1:])
-  return (levels_NxC[:, None, None, :].astype(np.float32)
-          + noise * jax.random.normal(noise_key, shape, np.float32))
+  degraded = np.asarray(degraded_NxHxWxC, np.float64)
+  shape = (num,) + degraded.shape[1:]
+  first_key, second_key = jax.random.split(key)
+  if kind == 'flat':
+    means_NxC = degraded.mean(axis=(1, 2))
+    mean_C, cov_CxC = means_NxC.mean(axis=0), np.atleast_2d(np.cov(means_NxC, rowvar=False))
+    levels_NxC = jax.random.multivariate_normal(first_key, mean_C, cov_CxC, (num,))
+    return (levels_NxC[:, None, None, :].astype(np.float32)
+            + noise * jax.random.normal(second_key, shape, np.float32))
+  if kind != 'gaussian':
+    raise ValueError(f'--cold_start={kind!r}; allowed: gaussian, flat.')
+  flat_NxD = degraded.reshape(len(degraded), -1)
+  eigenvalues_D, vectors_DxD = np.linalg.eigh(np.cov(flat_NxD, rowvar=False))
+  root_DxD = vectors_DxD * np.sqrt(np.clip(eigenvalues_D, 0, None))
+  z_NxD = jax.random.normal(first_key, (num, flat_NxD.shape[1]), np.float32)
+  return (flat_NxD.mean(axis=0).astype(np.float32) + z_NxD @ root_DxD.T.astype(np.float32)
+          ).reshape(shape)
 
 
 def draw_samples(config, task, module, variables, train_source, *, sampler: str, steps: int,
-                 num: int, batch_size: int, seed: int, cold_noise: float):
+                 num: int, batch_size: int, seed: int, cold_start_kind: str = 'gaussian',
+                 cold_noise: float = 0.002):
   """(samples [num, H, W, C] in [0, 1], seconds per sample after compilation)."""
   import jax  # pylint: disable=g-import-not-at-top
   from data import pipeline  # pylint: disable=g-import-not-at-top
@@ -195,11 +212,12 @@ def draw_samples(config, task, module, variables, train_source, *, sampler: str,
       raise ValueError(f'--sampler=cold needs a cold run; this one has objective '
                        f'{task.objective!r}.')
     records = pipeline.read_batch(train_source, np.arange(min(len(train_source), 10_000)))
-    train_x0 = task.preprocess(records)['x0']
+    train_x0 = jax.numpy.asarray(task.preprocess(records)['x0'])
     num_steps = steps or task.process_steps
+    degraded = jax.jit(lambda x: task.degrade_fn(x)(x, num_steps))(train_x0)
 
     def draw(variables, key, count):
-      x_T = cold_start(key, train_x0, count, cold_noise)
+      x_T = cold_start(key, degraded, count, cold_start_kind, cold_noise)
       restore = task.model_fn(lambda x, t: module.apply(variables, x, t))
       x0 = cold_lib.improved_sample(restore, task.degrade_fn(x_T), x_T, num_steps)
       return jax.numpy.clip((x0 + 1) / 2, 0, 1)
@@ -268,7 +286,8 @@ def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: i
 
 
 def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, num_samples: int,
-            batch_size: int, seed: int, cold_noise: float = 0.002,
+            batch_size: int, seed: int, cold_start_kind: str = 'gaussian',
+            cold_noise: float = 0.002,
             bits_per_dim_examples: int = 0, likelihood_steps: int = 20,
             feature_layer: str = 'head', binarize: bool = False, weights: str = 'ema') -> dict:
   """The row of one model and sampler (module doc); bad inputs raise ValueError or
@@ -277,6 +296,8 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
   from models.generative import frechet  # pylint: disable=g-import-not-at-top
   from train.tasks import diffusion  # pylint: disable=g-import-not-at-top
 
+  if cold_start_kind not in ('gaussian', 'flat'):
+    raise ValueError(f'--cold_start={cold_start_kind!r}; allowed: gaussian, flat.')
   if weights not in ('ema', 'params'):
     raise ValueError(f'--weights={weights!r}; allowed: ema, params.')
   for name, value, least in (('num_samples', num_samples, 2), ('batch_size', batch_size, 1)):
@@ -325,7 +346,8 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
   else:
     images, seconds = draw_samples(config, task, module, variables, train_source,
                                    sampler=sampler, steps=steps, num=num_samples,
-                                   batch_size=batch_size, seed=seed, cold_noise=cold_noise)
+                                   batch_size=batch_size, seed=seed,
+                                   cold_start_kind=cold_start_kind, cold_noise=cold_noise)
     row.update(workdir=os.path.abspath(workdir), step=step, steps=steps, weights=weights,
                seconds_per_sample=seconds)
     if bits_per_dim_examples:
@@ -335,11 +357,14 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
       row.update(bits_per_dim_examples=bits_per_dim_examples, likelihood_steps=likelihood_steps)
     out_dir = os.path.abspath(workdir)
     if sampler == 'cold':
+      row['cold_start'] = cold_start_kind
       row.update(cold_restorations(task, module, variables, eval_source, num=batch_size,
                                    out_dir=out_dir))
   row['frechet_distance'] = frechet.frechet_distance(
       *frechet.feature_statistics(features(to_pixels(images))), *reference)
-  _save_grid(images[:GRID_SAMPLES], os.path.join(out_dir, 'samples', f'{sampler}_{steps}.png'))
+  name = '_'.join([sampler, str(steps)] + ([weights] if sampler != 'data' else [])
+                  + ([cold_start_kind] if sampler == 'cold' else []))
+  _save_grid(images[:GRID_SAMPLES], os.path.join(out_dir, 'samples', f'{name}.png'))
   with open(os.path.join(out_dir, OUTPUT_FILE), 'a', encoding='utf-8') as f:
     f.write(json.dumps(row, sort_keys=True) + '\n')
   return row
@@ -363,7 +388,7 @@ def main(argv):
   try:
     row = measure(classifier=FLAGS.classifier, workdir=FLAGS.workdir, sampler=FLAGS.sampler,
                   steps=FLAGS.steps, num_samples=FLAGS.num_samples, batch_size=FLAGS.batch_size,
-                  seed=FLAGS.seed, cold_noise=FLAGS.cold_noise,
+                  seed=FLAGS.seed, cold_start_kind=FLAGS.cold_start, cold_noise=FLAGS.cold_noise,
                   bits_per_dim_examples=FLAGS.bits_per_dim_examples,
                   likelihood_steps=FLAGS.likelihood_steps, feature_layer=FLAGS.feature_layer,
                   binarize=FLAGS.binarize, weights=FLAGS.weights)

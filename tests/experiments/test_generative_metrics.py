@@ -28,21 +28,33 @@ def test_features_are_the_input_of_the_classifier_head():
     generative_metrics.layer_input(module, variables, (x,), 'neck')
 
 
-def test_cold_start_is_flat_at_the_channel_means_of_the_data():
+def test_cold_starts_follow_the_degraded_training_images():
   rng = np.random.default_rng(0)
-  # Training images whose per-image channel means are N(0.2, 0.1²) and N(−0.3, 0.05²).
+  # "Degraded images" with per-image channel means N(0.2, 0.1²) and N(−0.3, 0.05²) and a
+  # correlated spatial pattern.
   levels = rng.normal([0.2, -0.3], [0.1, 0.05], size=(4000, 2))
-  train = levels[:, None, None, :] + rng.normal(size=(4000, 4, 4, 2)) * 0.01
-  start = np.asarray(generative_metrics.cold_start(jax.random.PRNGKey(0), train, 2000, 0.002),
-                     np.float64)
-  assert start.shape == (2000, 4, 4, 2)
+  pattern = rng.normal(size=(4000, 1, 1, 1)) * np.linspace(-1, 1, 16).reshape(1, 4, 4, 1) * 0.2
+  degraded = levels[:, None, None, :] + pattern + rng.normal(size=(4000, 4, 4, 2)) * 0.01
+  flat = np.asarray(generative_metrics.cold_start(jax.random.PRNGKey(0), degraded, 2000, 'flat',
+                                                  0.002), np.float64)
+  assert flat.shape == (2000, 4, 4, 2)
   # Flat up to the per-pixel noise …
-  within = start - start.mean(axis=(1, 2), keepdims=True)
+  within = flat - flat.mean(axis=(1, 2), keepdims=True)
   assert within.std() == pytest.approx(0.002 * np.sqrt(15 / 16), rel=0.05)
   # … at levels drawn from the Gaussian of the channel means (4 standard errors).
-  drawn = start.mean(axis=(1, 2))
+  drawn = flat.mean(axis=(1, 2))
   np.testing.assert_allclose(drawn.mean(0), [0.2, -0.3], atol=4 * 0.1 / np.sqrt(2000))
   np.testing.assert_allclose(drawn.std(0), [0.1, 0.05], rtol=4 / np.sqrt(2 * 2000))
+  # The Gaussian start has the degraded images' mean and covariance over all 32 pixels, within
+  # 4 standard errors at 2,000 draws of pixels whose variances reach 0.05: 0.02 for the means
+  # (measured 0.0029) and 0.006 for the covariances (measured 0.0013).
+  gaussian = np.asarray(generative_metrics.cold_start(jax.random.PRNGKey(1), degraded, 2000),
+                        np.float64).reshape(2000, -1)
+  reference = degraded.reshape(4000, -1)
+  np.testing.assert_allclose(gaussian.mean(0), reference.mean(0), atol=0.02)
+  np.testing.assert_allclose(np.cov(gaussian.T), np.cov(reference.T), atol=0.006)
+  with pytest.raises(ValueError, match="--cold_start='noise'; allowed: gaussian, flat"):
+    generative_metrics.cold_start(jax.random.PRNGKey(1), degraded, 2, 'noise')
 
 
 def test_samples_become_the_nearest_pixels():
