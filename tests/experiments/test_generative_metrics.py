@@ -3,7 +3,6 @@ input of the ResNet's 'head', checked against the last block's output and the lo
 cold sampler's flat start, pixel rounding, and one-sentence errors before anything loads."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -16,7 +16,6 @@ from the task's 'diffusion' stream, in training and evaluation alike.
 """
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
