@@ -59,8 +59,8 @@ def _device_key(key: jax.Array, axis_name: str | None) -> jax.Array:
 def ema_decay_at(ema_decay: float, num_updates) -> jax.Array:
   """The average's decay after `num_updates` updates, min(ema_decay, (1 + n)/(10 + n)): the
   warm-up of TensorFlow's ExponentialMovingAverage (its `num_updates`), without which the
-  average of a short run keeps a large share of the initial parameters (0.999^1,500 = 22%;
-  a diffusion model's average then predicts too little noise and samples noise)."""
+  average of a short run keeps a large share of the initial parameters (0.999^1,500 = 22%,
+  enough to spoil a network whose output layer starts at zero)."""
   n = jnp.asarray(num_updates, jnp.float32)
   return jnp.minimum(ema_decay, (1 + n) / (10 + n))
 

@@ -2,7 +2,6 @@
 
 import os
 
-import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from experiments import plot_attention
 from experiments.configs import dates_seq2seq_attention
 from train import loop
 from train.tasks import seq2seq
+from tests.experiments import fake_runs
 
 
 def _run(tmp_path_factory, data_dir, attention):
@@ -22,17 +22,7 @@ def _run(tmp_path_factory, data_dir, attention):
   config.model.bidirectional_encoder = attention != 'dot'
   config.global_batch_size, config.eval_batch_size = 4, 4
   workdir = str(tmp_path_factory.mktemp(f'dates_{attention}'))
-  run = loop.setup(ml_collections.ConfigDict(config.to_dict()), workdir)
-  rng = np.random.default_rng(0)
-  try:
-    abstract = run.parallel.abstract_state(run.init_fn, run.rng)
-    state = jax.tree.map(lambda leaf: rng.normal(size=leaf.shape).astype(leaf.dtype), abstract)
-    state = state.replace(step=np.int32(2))
-    run.checkpointer.save(2, state, {'iterator': run.train_iterator().get_state()}, force=True)
-  finally:
-    run.checkpointer.close()
-    run.lock.release()
-  return workdir
+  return fake_runs.save_random_run(ml_collections.ConfigDict(config.to_dict()), workdir)
 
 
 @pytest.fixture(scope='module')

@@ -4,7 +4,6 @@ images its task evaluates on; bad inputs stop with one sentence before the check
 
 import os
 
-import jax
 import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
@@ -16,6 +15,7 @@ from experiments.configs import fashion_mnist_autoencoder
 from experiments.configs import fashion_mnist_vae
 from models.generative import autoencoders
 from train import checkpoint, loop
+from tests.experiments import fake_runs
 
 
 def _sigmoid(a):
@@ -129,17 +129,7 @@ def _config(data_dir, model_name, **model_options):
 
 def _fake_run(workdir, config):
   """A run whose checkpoint of step 2 holds N(0, 1) parameters (nothing is trained)."""
-  run = loop.setup(config, workdir)
-  rng = np.random.default_rng(0)
-  try:
-    abstract = run.parallel.abstract_state(run.init_fn, run.rng)
-    state = jax.tree.map(lambda leaf: rng.normal(size=leaf.shape).astype(leaf.dtype), abstract)
-    state = state.replace(step=np.int32(2))
-    run.checkpointer.save(2, state, {'iterator': run.train_iterator().get_state()}, force=True)
-  finally:
-    run.checkpointer.close()
-    run.lock.release()
-  return workdir
+  return fake_runs.save_random_run(config, workdir)
 
 
 def test_every_run_reconstructs_the_same_clean_test_images_from_its_checkpoint(tmp_path,

@@ -14,6 +14,7 @@ from experiments.configs import digits_mlp
 from experiments.configs import fashion_mnist_vae
 from models.generative import autoencoders
 from train import checkpoint, loop
+from tests.experiments import fake_runs
 
 
 def _numpy_encoder_mean(params, x_NxD):
@@ -119,18 +120,7 @@ def _config(data_dir, model_name='vae'):
 @pytest.fixture(scope='module')
 def vae_run(tmp_path_factory, data_dir):
   """A tiny 2-D VAE run on digits whose checkpoint of step 2 holds random parameters."""
-  workdir = str(tmp_path_factory.mktemp('digits_vae'))
-  run = loop.setup(_config(data_dir), workdir)
-  rng = np.random.default_rng(0)
-  try:
-    abstract = run.parallel.abstract_state(run.init_fn, run.rng)
-    state = jax.tree.map(lambda leaf: rng.normal(size=leaf.shape).astype(leaf.dtype), abstract)
-    state = state.replace(step=np.int32(2))
-    run.checkpointer.save(2, state, {'iterator': run.train_iterator().get_state()}, force=True)
-  finally:
-    run.checkpointer.close()
-    run.lock.release()
-  return workdir
+  return fake_runs.save_random_run(_config(data_dir), str(tmp_path_factory.mktemp('digits_vae')))
 
 
 def test_the_figure_of_a_run_uses_its_test_images_dequantised_and_its_checkpoint(vae_run,

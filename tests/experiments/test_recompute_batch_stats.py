@@ -14,7 +14,8 @@ import pytest
 
 from experiments import recompute_batch_stats as script
 from experiments.configs import digits_mlp
-from train import checkpoint, loop
+from train import checkpoint
+from tests.experiments import fake_runs
 
 
 def _config(data_dir, model):
@@ -51,8 +52,6 @@ def trained_run(tmp_path_factory, data_dir):
   own Checkpointer, holds random parameters and the initial statistics (μ = 0, σ² = 1): drawn
   in NumPy, as compiling the random initialisation and a train step would take most of this
   test's time."""
-  workdir = str(tmp_path_factory.mktemp('resnet_run'))
-  run = loop.setup(_config(data_dir, _TINY_RESNET), workdir)
   rng = np.random.default_rng(0)
 
   def draw(path, leaf):
@@ -61,14 +60,8 @@ def trained_run(tmp_path_factory, data_dir):
       return rng.normal(size=leaf.shape).astype(leaf.dtype) / np.sqrt(np.prod(leaf.shape[:-1]))
     return np.full(leaf.shape, name in ('scale', 'var'), leaf.dtype)
 
-  try:
-    state = jax.tree_util.tree_map_with_path(draw, run.parallel.abstract_state(run.init_fn, run.rng))
-    state = state.replace(step=np.int32(3))
-    run.checkpointer.save(3, state, {'iterator': run.train_iterator().get_state()}, force=True)
-  finally:
-    run.checkpointer.close()
-    run.lock.release()
-  return workdir
+  return fake_runs.save_random_run(_config(data_dir, _TINY_RESNET),
+                                   str(tmp_path_factory.mktemp('resnet_run')), step=3, draw=draw)
 
 
 def test_writes_before_and_after_and_leaves_the_run_as_it_was(trained_run, capsys):
