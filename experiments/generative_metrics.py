@@ -31,10 +31,12 @@ one N, against the floor at that N.
 --bits_per_dim_examples=M (ddpm and score_sde runs) also gives the probability-flow ODE's
 bits per dimension on the first M test images, dequantised as the VAE's (y = (pixels + u)/256,
 models/generative/likelihood.py) and mapped to the network's [−1, 1] by x = 2y − 1, so
-log p(y) = log p(x) + D log 2; Hutchinson's trace estimator with RK4 and --likelihood_steps
-uniform steps from t = 1e-5. Uniform steps are too coarse near t = 0 for images: 20 gave an
-impossible −5.3 bits/dim for the Fashion-MNIST DDPM (README), so treat the figure as a solver
-check until a grid dense near 0 is used.
+log p(y) = log p(x) + D log 2; Hutchinson's trace estimator with --likelihood_steps RK4 steps
+from t = --likelihood_eps to 1 on the --likelihood_grid. The default start, t = 1e-3, is the
+first DDPM step's noise level (σ ≈ 0.01, models/generative/sde.py: score_from_eps), below
+which the network was never trained; the default grid is equally spaced in log t, dense near
+0 where the score grows as 1/σ. Uniform steps from t = 1e-5 are far too coarse there: 20 gave
+an impossible −5.3 bits/dim for the Fashion-MNIST DDPM.
 
 A cold run also restores the first --batch_size test images from D(x_0, t) at t = T/2 and T by
 the paper's Algorithms 1 and 2 and reports their mean ℓ1 errors (figure
@@ -83,6 +85,10 @@ def define_flags() -> None:
   flags.DEFINE_integer('bits_per_dim_examples', 0, 'Test images whose ODE likelihood is '
                        'computed (ddpm and score_sde runs; 0: none).')
   flags.DEFINE_integer('likelihood_steps', 20, 'RK4 steps of the likelihood ODE.')
+  flags.DEFINE_float('likelihood_eps', 1e-3, 'Time t at which the likelihood ODE starts, in '
+                     '(0, 1).')
+  flags.DEFINE_enum('likelihood_grid', 'log', ('uniform', 'log'), 'Time grid of the likelihood '
+                    'ODE (models/generative/sde.py: time_grid).')
   flags.DEFINE_bool('binarize', False, 'Compare binarised images (pixels ≥ 128 → 255, else 0): '
                     'the reference and, with --sampler=data, the samples; always for a d3pm run.')
   flags.DEFINE_enum('weights', 'ema', ('ema', 'params'), 'The run\'s parameter average (when '
@@ -263,7 +269,7 @@ def cold_restorations(task, module, variables, eval_source, *, num: int, out_dir
 
 
 def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: int, seed: int,
-                     batch_size: int) -> float:
+                     batch_size: int, eps: float = 1e-3, spacing: str = 'log') -> float:
   """Mean bits per dimension of the first `num` test images by the probability-flow ODE."""
   import jax  # pylint: disable=g-import-not-at-top
   from data import pipeline  # pylint: disable=g-import-not-at-top
@@ -277,7 +283,8 @@ def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: i
   def nll_bits(pixels, key):
     dequantize_key, probe_key = jax.random.split(key)
     y = likelihood.dequantize(dequantize_key, pixels)
-    log_p_x = sde_lib.ode_log_likelihood(sde, score_fn, 2 * y - 1, probe_key, num_steps=steps)
+    log_p_x = sde_lib.ode_log_likelihood(sde, score_fn, 2 * y - 1, probe_key, num_steps=steps,
+                                         eps=eps, spacing=spacing)
     return likelihood.bits_per_dim(-(log_p_x + dims * math.log(2)), dims)
 
   bits = [np.asarray(nll_bits(pixels[start:start + batch_size],
@@ -290,7 +297,7 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
             batch_size: int, seed: int, cold_start_kind: str = 'gaussian',
             cold_noise: float = 0.002,
             bits_per_dim_examples: int = 0, likelihood_steps: int = 20,
-            feature_layer: str = 'head', binarize: bool = False, weights: str = 'ema') -> dict:
+            likelihood_eps: float = 1e-3, likelihood_grid: str = 'log', feature_layer: str = 'head', binarize: bool = False, weights: str = 'ema') -> dict:
   """The row of one model and sampler (module doc); bad inputs raise ValueError or
   FileNotFoundError in one sentence before anything is compiled."""
   from data import pipeline  # pylint: disable=g-import-not-at-top
@@ -304,6 +311,10 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
   for name, value, least in (('num_samples', num_samples, 2), ('batch_size', batch_size, 1)):
     if value < least:
       raise ValueError(f'--{name}={value} is too small; give at least {least}.')
+  if likelihood_grid not in ('uniform', 'log'):
+    raise ValueError(f'--likelihood_grid={likelihood_grid!r}; allowed: uniform, log.')
+  if not 0 < likelihood_eps < 1:
+    raise ValueError(f'--likelihood_eps={likelihood_eps} must lie in (0, 1).')
   if steps < 0 or bits_per_dim_examples < 0 or likelihood_steps < 1:
     raise ValueError(f'--steps={steps} and --bits_per_dim_examples={bits_per_dim_examples} must '
                      f'be ≥ 0 and --likelihood_steps={likelihood_steps} ≥ 1.')
@@ -354,8 +365,10 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
     if bits_per_dim_examples:
       row['ode_bits_per_dim'] = ode_bits_per_dim(
           task, module, variables, eval_source, num=bits_per_dim_examples,
-          steps=likelihood_steps, seed=seed, batch_size=batch_size)
-      row.update(bits_per_dim_examples=bits_per_dim_examples, likelihood_steps=likelihood_steps)
+          steps=likelihood_steps, seed=seed, batch_size=batch_size, eps=likelihood_eps,
+          spacing=likelihood_grid)
+      row.update(bits_per_dim_examples=bits_per_dim_examples, likelihood_steps=likelihood_steps,
+                 likelihood_eps=likelihood_eps, likelihood_grid=likelihood_grid)
     out_dir = os.path.abspath(workdir)
     if sampler == 'cold':
       row['cold_start'] = cold_start_kind
@@ -391,7 +404,9 @@ def main(argv):
                   steps=FLAGS.steps, num_samples=FLAGS.num_samples, batch_size=FLAGS.batch_size,
                   seed=FLAGS.seed, cold_start_kind=FLAGS.cold_start, cold_noise=FLAGS.cold_noise,
                   bits_per_dim_examples=FLAGS.bits_per_dim_examples,
-                  likelihood_steps=FLAGS.likelihood_steps, feature_layer=FLAGS.feature_layer,
+                  likelihood_steps=FLAGS.likelihood_steps,
+                  likelihood_eps=FLAGS.likelihood_eps, likelihood_grid=FLAGS.likelihood_grid,
+                  feature_layer=FLAGS.feature_layer,
                   binarize=FLAGS.binarize, weights=FLAGS.weights)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')

@@ -48,6 +48,7 @@ CORRECTORS = ('langevin',)
 ODE_METHODS = ('rk4', 'heun')
 DIVERGENCES = ('hutchinson', 'exact')
 PROBES = ('rademacher', 'gaussian')
+TIME_GRIDS = ('uniform', 'log')
 
 
 def _per_example(t_B, x):
@@ -325,13 +326,27 @@ def _check_method(method):
     raise ValueError(f'method={method!r}; allowed: {", ".join(ODE_METHODS)}.')
 
 
-def _integrate(velocity, state, t0, t1, num_steps, method):
-  """Fixed-step RK4 or Heun for d state/dt = velocity(state, t) (a pytree) from t0 to t1."""
-  h = (t1 - t0) / num_steps
+def time_grid(eps: float, T: float, num_steps: int, spacing: str = 'uniform') -> np.ndarray:
+  """num_steps + 1 increasing times from ε to T: equally spaced ('uniform'), or equally
+  spaced in log t ('log', t_i = ε (T/ε)^{i/num_steps}). Near t = 0 the score grows as
+  1/σ(t) and σ(t)² ≈ β_min t (VP), so steps of equal ratio keep the ODE's change per step
+  even where uniform steps of (T − ε)/num_steps jump across several noise scales at once."""
+  if spacing not in TIME_GRIDS:
+    raise ValueError(f'spacing={spacing!r}; allowed: {", ".join(TIME_GRIDS)}.')
+  if spacing == 'log':
+    return np.geomspace(eps, T, num_steps + 1)
+  return np.linspace(eps, T, num_steps + 1)
+
+
+def _integrate(velocity, state, times, method):
+  """RK4 or Heun for d state/dt = velocity(state, t) (a pytree) over the grid `times`
+  [num_steps + 1], increasing or decreasing: one step from each time to the next."""
+  times = jnp.asarray(times, jnp.float32)
   axpy = lambda a, u, v: jax.tree.map(lambda ui, vi: ui + a * vi, u, v)
 
   def step(i, state):
-    t = t0 + i * h
+    t = times[i]
+    h = times[i + 1] - t
     k1 = velocity(state, t)
     if method == 'heun':
       k2 = velocity(axpy(h, state, k1), t + h)
@@ -342,20 +357,22 @@ def _integrate(velocity, state, t0, t1, num_steps, method):
     return jax.tree.map(lambda s, a, b, c, d: s + h / 6 * (a + 2 * b + 2 * c + d),
                         state, k1, k2, k3, k4)
 
-  return jax.lax.fori_loop(0, num_steps, step, state)
+  return jax.lax.fori_loop(0, times.shape[0] - 1, step, state)
 
 
 def ode_sample(sde: SDE, score_fn: ScoreFn, shape, key, num_steps: int = 100,
-               method: str = 'rk4', eps: float = 1e-3):
+               method: str = 'rk4', eps: float = 1e-3, spacing: str = 'uniform'):
   """Samples by solving the probability-flow ODE dx/dt = f̃(x, t) (eq. 13) from x(T) ~ prior
-  of `shape` [B, …] down to t = ε, with num_steps fixed steps of RK4 or Heun's method."""
+  of `shape` [B, …] down to t = ε, with num_steps fixed steps of RK4 or Heun's method on
+  the `time_grid` of `spacing`."""
   check_shape(shape)
   _check_steps('num_steps', num_steps)
   _check_method(method)
   _check_eps(sde, eps)
+  times = time_grid(eps, sde.T, num_steps, spacing)[::-1]
   x_T = sde.prior_sample(key, shape)
-  return _integrate(lambda x, t: probability_flow_drift(sde, score_fn, x, t), x_T, sde.T, eps,
-                    num_steps, method)
+  return _integrate(lambda x, t: probability_flow_drift(sde, score_fn, x, t), x_T, times,
+                    method)
 
 
 def flow_divergence(fn, x, probe_x=None):
@@ -376,10 +393,10 @@ def flow_divergence(fn, x, probe_x=None):
 
 def ode_log_likelihood(sde: SDE, score_fn: ScoreFn, x, key, num_steps: int = 100,
                        divergence: str = 'hutchinson', probe: str = 'rademacher',
-                       method: str = 'rk4', eps: float = 1e-5):
+                       method: str = 'rk4', eps: float = 1e-5, spacing: str = 'uniform'):
   """log p_ε(x) [B] in nats by the instantaneous change of variables along the
   probability-flow ODE (module doc): solves (x, ℓ) from t = ε to T with dx/dt = f̃ and
-  dℓ/dt = ∇·f̃, and returns prior_log_prob(x(T)) + ℓ(T).
+  dℓ/dt = ∇·f̃ on the `time_grid` of `spacing`, and returns prior_log_prob(x(T)) + ℓ(T).
 
   divergence='exact' takes the Jacobian's trace (D Jacobian-vector products: low
   dimension); 'hutchinson' estimates it with one probe v per example drawn from `key`,
@@ -392,6 +409,7 @@ def ode_log_likelihood(sde: SDE, score_fn: ScoreFn, x, key, num_steps: int = 100
     raise ValueError(f'divergence={divergence!r}; allowed: {", ".join(DIVERGENCES)}.')
   if probe not in PROBES:
     raise ValueError(f'probe={probe!r}; allowed: {", ".join(PROBES)}.')
+  times = time_grid(eps, sde.T, num_steps, spacing)
   x = jnp.asarray(x, jnp.float32)
   probe_x = None
   if divergence == 'hutchinson':
@@ -403,8 +421,8 @@ def ode_log_likelihood(sde: SDE, score_fn: ScoreFn, x, key, num_steps: int = 100
     flow = lambda y: probability_flow_drift(sde, score_fn, y, t)
     return flow(x_t), flow_divergence(flow, x_t, probe_x)
 
-  x_T, delta_log_p = _integrate(velocity, (x, jnp.zeros(x.shape[:1], jnp.float32)), eps, sde.T,
-                                num_steps, method)
+  x_T, delta_log_p = _integrate(velocity, (x, jnp.zeros(x.shape[:1], jnp.float32)), times,
+                                method)
   return sde.prior_log_prob(x_T) + delta_log_p
 
 

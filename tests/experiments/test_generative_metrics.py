@@ -73,6 +73,10 @@ def test_samples_become_the_nearest_pixels():
      '--num_samples=1 is too small; give at least 2'),
     ({'workdir': None, 'sampler': 'data', 'weights': 'average'}, ValueError,
      "--weights='average'; allowed: ema, params"),
+    ({'workdir': None, 'sampler': 'data', 'likelihood_eps': 0.0}, ValueError,
+     '--likelihood_eps=0.0 must lie in'),
+    ({'workdir': None, 'sampler': 'data', 'likelihood_grid': 'cosine'}, ValueError,
+     "--likelihood_grid='cosine'; allowed: uniform, log"),
     ({'workdir': None, 'sampler': 'data', 'classifier': '/nonexistent/run'}, FileNotFoundError,
      "--classifier='/nonexistent/run' does not exist"),
 ])
