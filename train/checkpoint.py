@@ -270,9 +270,11 @@ def _quiet_orbax_tasks():
     yield
   except Exception:
     time.sleep(0.2)  # lets the reads still in flight fail while they are silenced
+    # asyncio logs an unretrieved task exception when the task is collected. Only after a
+    # failure: a full collection of a large process costs seconds, on every restore.
+    gc.collect()
     raise
   finally:
-    gc.collect()  # asyncio logs an unretrieved task exception when the task is collected
     logger.disabled, sys.unraisablehook = disabled, hook
 
 
