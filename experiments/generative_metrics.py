@@ -84,6 +84,8 @@ def define_flags() -> None:
                      'the network\'s [−1, 1] scale.')
   flags.DEFINE_integer('bits_per_dim_examples', 0, 'Test images whose ODE likelihood is '
                        'computed (ddpm and score_sde runs; 0: none).')
+  flags.DEFINE_enum('ode_grid', 'uniform', ('uniform', 'log'), 'Time grid of --sampler=ode '
+                    '(models/generative/sde.py: time_grid).')
   flags.DEFINE_integer('likelihood_steps', 20, 'RK4 steps of the likelihood ODE.')
   flags.DEFINE_float('likelihood_eps', 1e-3, 'Time t at which the likelihood ODE starts, in '
                      '(0, 1).')
@@ -195,7 +197,7 @@ def cold_start(key, degraded_NxHxWxC, num: int, kind: str = 'gaussian', noise: f
 
 def draw_samples(config, task, module, variables, train_source, *, sampler: str, steps: int,
                  num: int, batch_size: int, seed: int, cold_start_kind: str = 'gaussian',
-                 cold_noise: float = 0.002):
+                 cold_noise: float = 0.002, ode_grid: str = 'uniform'):
   """(samples [num, H, W, C] in [0, 1], seconds per sample after compilation)."""
   import jax  # pylint: disable=g-import-not-at-top
   from data import pipeline  # pylint: disable=g-import-not-at-top
@@ -230,7 +232,8 @@ def draw_samples(config, task, module, variables, train_source, *, sampler: str,
       return jax.numpy.clip((x0 + 1) / 2, 0, 1)
   else:
     def draw(variables, key, count):
-      return task.sample(module, variables, key, count, steps, sampler=sampler)
+      return task.sample(module, variables, key, count, steps, sampler=sampler,
+                         **({'ode_grid': ode_grid} if sampler == 'ode' else {}))
 
   sizes = [min(batch_size, num - start) for start in range(0, num, batch_size)]
   compiled = {size: jax.jit(lambda v, k, size=size: draw(v, k, size)).lower(
@@ -297,7 +300,8 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
             batch_size: int, seed: int, cold_start_kind: str = 'gaussian',
             cold_noise: float = 0.002,
             bits_per_dim_examples: int = 0, likelihood_steps: int = 20,
-            likelihood_eps: float = 1e-3, likelihood_grid: str = 'log', feature_layer: str = 'head', binarize: bool = False, weights: str = 'ema') -> dict:
+            likelihood_eps: float = 1e-3, likelihood_grid: str = 'log', ode_grid: str = 'uniform',
+            feature_layer: str = 'head', binarize: bool = False, weights: str = 'ema') -> dict:
   """The row of one model and sampler (module doc); bad inputs raise ValueError or
   FileNotFoundError in one sentence before anything is compiled."""
   from data import pipeline  # pylint: disable=g-import-not-at-top
@@ -311,6 +315,11 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
   for name, value, least in (('num_samples', num_samples, 2), ('batch_size', batch_size, 1)):
     if value < least:
       raise ValueError(f'--{name}={value} is too small; give at least {least}.')
+  if ode_grid not in ('uniform', 'log'):
+    raise ValueError(f'--ode_grid={ode_grid!r}; allowed: uniform, log.')
+  if ode_grid != 'uniform' and sampler != 'ode':
+    raise ValueError(f'--ode_grid={ode_grid} is the time grid of --sampler=ode, not of '
+                     f'--sampler={sampler}.')
   if likelihood_grid not in ('uniform', 'log'):
     raise ValueError(f'--likelihood_grid={likelihood_grid!r}; allowed: uniform, log.')
   if not 0 < likelihood_eps < 1:
@@ -359,7 +368,10 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
     images, seconds = draw_samples(config, task, module, variables, train_source,
                                    sampler=sampler, steps=steps, num=num_samples,
                                    batch_size=batch_size, seed=seed,
-                                   cold_start_kind=cold_start_kind, cold_noise=cold_noise)
+                                   cold_start_kind=cold_start_kind, cold_noise=cold_noise,
+                                   ode_grid=ode_grid)
+    if sampler == 'ode':
+      row['ode_grid'] = ode_grid
     row.update(workdir=os.path.abspath(workdir), step=step, steps=steps, weights=weights,
                seconds_per_sample=seconds)
     if bits_per_dim_examples:
@@ -406,6 +418,7 @@ def main(argv):
                   bits_per_dim_examples=FLAGS.bits_per_dim_examples,
                   likelihood_steps=FLAGS.likelihood_steps,
                   likelihood_eps=FLAGS.likelihood_eps, likelihood_grid=FLAGS.likelihood_grid,
+                  ode_grid=FLAGS.ode_grid,
                   feature_layer=FLAGS.feature_layer,
                   binarize=FLAGS.binarize, weights=FLAGS.weights)
   except (ValueError, FileNotFoundError) as e:

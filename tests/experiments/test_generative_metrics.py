@@ -75,6 +75,8 @@ def test_samples_become_the_nearest_pixels():
      "--weights='average'; allowed: ema, params"),
     ({'workdir': None, 'sampler': 'data', 'likelihood_eps': 0.0}, ValueError,
      '--likelihood_eps=0.0 must lie in'),
+    ({'workdir': None, 'sampler': 'data', 'ode_grid': 'log'}, ValueError,
+     '--ode_grid=log is the time grid of --sampler=ode, not of --sampler=data'),
     ({'workdir': None, 'sampler': 'data', 'likelihood_grid': 'cosine'}, ValueError,
      "--likelihood_grid='cosine'; allowed: uniform, log"),
     ({'workdir': None, 'sampler': 'data', 'classifier': '/nonexistent/run'}, FileNotFoundError,

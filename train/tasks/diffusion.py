@@ -190,13 +190,14 @@ class Diffusion(base.Task):
     return self._degrade_fn(x0)
 
   def sample(self, module, variables, key, num: int, steps: int = 0, shape=None,
-             sampler: str | None = None) -> jax.Array:
+             sampler: str | None = None, ode_grid: str = 'uniform') -> jax.Array:
     """`num` samples x_0 [num, …] of the trained model (images in [0, 1]), with `steps`
     steps (0: every step of the process; 1,000 for 'pc', 100 for 'ode'); `shape` is one
     example's (default: the data's, from `meta['shapes']`). `sampler` is one of the
     objective's SAMPLERS (default the first): ancestral (ddpm: Algorithm 2 respaced to
     `steps`; d3pm: all T steps), ddim (σ = 0), pc (reverse-diffusion predictor and one
-    Langevin corrector step) or ode (probability-flow ODE, RK4)."""
+    Langevin corrector step) or ode (probability-flow ODE, RK4, on the time grid
+    `ode_grid`: models.generative.sde.TIME_GRIDS)."""
     allowed = SAMPLERS[self.objective]
     sampler = sampler or (allowed[0] if allowed else None)
     if sampler not in allowed:
@@ -219,7 +220,8 @@ class Diffusion(base.Task):
     elif sampler == 'pc':
       x = sde_lib.pc_sample(*self.score_model(apply), full, key, num_steps=steps or 1000)
     else:
-      x = sde_lib.ode_sample(*self.score_model(apply), full, key, num_steps=steps or 100)
+      x = sde_lib.ode_sample(*self.score_model(apply), full, key, num_steps=steps or 100,
+                             spacing=ode_grid)
     return jnp.clip((x + 1) / 2, 0, 1)
 
   def eval_hooks(self):
