@@ -272,8 +272,10 @@ def cold_restorations(task, module, variables, eval_source, *, num: int, out_dir
 
 
 def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: int, seed: int,
-                     batch_size: int, eps: float = 1e-3, spacing: str = 'log') -> float:
-  """Mean bits per dimension of the first `num` test images by the probability-flow ODE."""
+                     batch_size: int, eps: float = 1e-3,
+                     spacing: str = 'log') -> tuple[float, float]:
+  """Mean bits per dimension of the first `num` test images by the probability-flow ODE, and
+  its standard error over the images (each with its own dequantisation and probe)."""
   import jax  # pylint: disable=g-import-not-at-top
   from data import pipeline  # pylint: disable=g-import-not-at-top
   from models.generative import likelihood, sde as sde_lib  # pylint: disable=g-import-not-at-top
@@ -293,7 +295,8 @@ def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: i
   bits = [np.asarray(nll_bits(pixels[start:start + batch_size],
                               jax.random.fold_in(jax.random.PRNGKey(seed), start)))
           for start in range(0, num, batch_size)]
-  return float(np.mean(np.concatenate(bits)))
+  bits = np.concatenate(bits).astype(np.float64)
+  return float(bits.mean()), float(bits.std(ddof=1) / np.sqrt(bits.size)) if num > 1 else math.nan
 
 
 def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, num_samples: int,
@@ -375,7 +378,7 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
     row.update(workdir=os.path.abspath(workdir), step=step, steps=steps, weights=weights,
                seconds_per_sample=seconds)
     if bits_per_dim_examples:
-      row['ode_bits_per_dim'] = ode_bits_per_dim(
+      row['ode_bits_per_dim'], row['ode_bits_per_dim_se'] = ode_bits_per_dim(
           task, module, variables, eval_source, num=bits_per_dim_examples,
           steps=likelihood_steps, seed=seed, batch_size=batch_size, eps=likelihood_eps,
           spacing=likelihood_grid)

@@ -127,7 +127,8 @@ class ExactEps:
   def apply(self, variables, x, t_B):
     del variables
     alpha_bar = jnp.exp(jnp.interp(jnp.asarray(t_B, jnp.float32), jnp.arange(1001.0),
-                                   jnp.asarray(self.log_alpha_bars, jnp.float32)))[:, None]
+                                   jnp.asarray(self.log_alpha_bars, jnp.float32)))
+    alpha_bar = alpha_bar.reshape((-1,) + (1,) * (x.ndim - 1))  # against x [B, …]
     return jnp.sqrt(1 - alpha_bar) * x / (alpha_bar * self.C**2 + 1 - alpha_bar)
 
 
