@@ -299,6 +299,16 @@ def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: i
   return float(bits.mean()), float(bits.std(ddof=1) / np.sqrt(bits.size)) if num > 1 else math.nan
 
 
+def grid_name(sampler: str, steps: int, weights: str, cold_start_kind: str, ode_grid: str,
+              seed: int) -> str:
+  """The file name (without .png) of a row's sample grid: one per setting, so that no row's
+  grid replaces another's (the defaults, uniform grid and seed 0, leave no mark)."""
+  return '_'.join([sampler, str(steps)] + ([weights] if sampler != 'data' else [])
+                  + ([cold_start_kind] if sampler == 'cold' else [])
+                  + ([ode_grid] if sampler == 'ode' and ode_grid != 'uniform' else [])
+                  + ([f'seed{seed}'] if seed else []))
+
+
 def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, num_samples: int,
             batch_size: int, seed: int, cold_start_kind: str = 'gaussian',
             cold_noise: float = 0.002,
@@ -391,8 +401,7 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
                                    out_dir=out_dir))
   row['frechet_distance'] = frechet.frechet_distance(
       *frechet.feature_statistics(features(to_pixels(images))), *reference)
-  name = '_'.join([sampler, str(steps)] + ([weights] if sampler != 'data' else [])
-                  + ([cold_start_kind] if sampler == 'cold' else []))
+  name = grid_name(sampler, steps, weights, cold_start_kind, ode_grid, seed)
   _save_grid(images[:GRID_SAMPLES], os.path.join(out_dir, 'samples', f'{name}.png'))
   with open(os.path.join(out_dir, OUTPUT_FILE), 'a', encoding='utf-8') as f:
     f.write(json.dumps(row, sort_keys=True) + '\n')

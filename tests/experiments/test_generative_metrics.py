@@ -95,6 +95,20 @@ def test_samples_become_the_nearest_pixels():
                                 [0, 0, 255, 255])
 
 
+def test_every_setting_draws_its_own_sample_grid():
+  settings = [('ancestral', 100, 'ema', 'gaussian', 'uniform', 0),
+              ('ancestral', 100, 'params', 'gaussian', 'uniform', 0),
+              ('ancestral', 1000, 'ema', 'gaussian', 'uniform', 0),
+              ('ancestral', 100, 'ema', 'gaussian', 'uniform', 1),
+              ('ode', 25, 'ema', 'gaussian', 'uniform', 0), ('ode', 25, 'ema', 'gaussian', 'log', 0),
+              ('cold', 50, 'params', 'gaussian', 'uniform', 0),
+              ('cold', 50, 'params', 'flat', 'uniform', 0), ('data', 0, 'ema', 'gaussian', 'uniform', 0)]
+  names = [generative_metrics.grid_name(*setting) for setting in settings]
+  assert len(set(names)) == len(settings), names
+  # The names of the README's figures stay as they were.
+  assert names[0] == 'ancestral_100_ema' and names[4] == 'ode_25_ema' and names[-1] == 'data_0'
+
+
 @pytest.mark.parametrize('options, error, message', [
     ({'workdir': 'somewhere', 'sampler': 'data'}, ValueError, '--sampler=data takes no --workdir'),
     ({'workdir': None, 'sampler': 'ode'}, ValueError, 'every other sampler needs one'),
