@@ -64,6 +64,9 @@ FLAGS = flags.FLAGS
 OUTPUT_FILE = 'generative_metrics.jsonl'
 GRID_SAMPLES = 64
 SAMPLERS = ('ancestral', 'ddim', 'pc', 'ode', 'cold', 'vae', 'data')
+# models.generative.sde.TIME_GRIDS, written out so that flags parse without importing JAX
+# (tests/experiments/test_generative_metrics.py checks that the two agree).
+TIME_GRIDS = ('uniform', 'log')
 
 
 def define_flags() -> None:
@@ -84,12 +87,12 @@ def define_flags() -> None:
                      'the network\'s [−1, 1] scale.')
   flags.DEFINE_integer('bits_per_dim_examples', 0, 'Test images whose ODE likelihood is '
                        'computed (ddpm and score_sde runs; 0: none).')
-  flags.DEFINE_enum('ode_grid', 'uniform', ('uniform', 'log'), 'Time grid of --sampler=ode '
+  flags.DEFINE_enum('ode_grid', 'uniform', TIME_GRIDS, 'Time grid of --sampler=ode '
                     '(models/generative/sde.py: time_grid).')
   flags.DEFINE_integer('likelihood_steps', 20, 'RK4 steps of the likelihood ODE.')
   flags.DEFINE_float('likelihood_eps', 1e-3, 'Time t at which the likelihood ODE starts, in '
                      '(0, 1).')
-  flags.DEFINE_enum('likelihood_grid', 'log', ('uniform', 'log'), 'Time grid of the likelihood '
+  flags.DEFINE_enum('likelihood_grid', 'log', TIME_GRIDS, 'Time grid of the likelihood '
                     'ODE (models/generative/sde.py: time_grid).')
   flags.DEFINE_bool('binarize', False, 'Compare binarised images (pixels ≥ 128 → 255, else 0): '
                     'the reference and, with --sampler=data, the samples; always for a d3pm run.')
@@ -296,7 +299,8 @@ def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: i
                               jax.random.fold_in(jax.random.PRNGKey(seed), start)))
           for start in range(0, num, batch_size)]
   bits = np.concatenate(bits).astype(np.float64)
-  return float(bits.mean()), float(bits.std(ddof=1) / np.sqrt(bits.size)) if num > 1 else math.nan
+  se = bits.std(ddof=1) / np.sqrt(bits.size) if bits.size > 1 else math.nan
+  return float(bits.mean()), float(se)
 
 
 def grid_name(sampler: str, steps: int, weights: str, cold_start_kind: str, ode_grid: str,
@@ -328,13 +332,13 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
   for name, value, least in (('num_samples', num_samples, 2), ('batch_size', batch_size, 1)):
     if value < least:
       raise ValueError(f'--{name}={value} is too small; give at least {least}.')
-  if ode_grid not in ('uniform', 'log'):
-    raise ValueError(f'--ode_grid={ode_grid!r}; allowed: uniform, log.')
+  if ode_grid not in TIME_GRIDS:
+    raise ValueError(f'--ode_grid={ode_grid!r}; allowed: {", ".join(TIME_GRIDS)}.')
   if ode_grid != 'uniform' and sampler != 'ode':
     raise ValueError(f'--ode_grid={ode_grid} is the time grid of --sampler=ode, not of '
                      f'--sampler={sampler}.')
-  if likelihood_grid not in ('uniform', 'log'):
-    raise ValueError(f'--likelihood_grid={likelihood_grid!r}; allowed: uniform, log.')
+  if likelihood_grid not in TIME_GRIDS:
+    raise ValueError(f'--likelihood_grid={likelihood_grid!r}; allowed: {", ".join(TIME_GRIDS)}.')
   if not 0 < likelihood_eps < 1:
     raise ValueError(f'--likelihood_eps={likelihood_eps} must lie in (0, 1).')
   if steps < 0 or bits_per_dim_examples < 0 or likelihood_steps < 1:

@@ -95,6 +95,11 @@ def test_samples_become_the_nearest_pixels():
                                 [0, 0, 255, 255])
 
 
+def test_the_time_grids_are_the_solvers():
+  from models.generative import sde  # pylint: disable=g-import-not-at-top
+  assert generative_metrics.TIME_GRIDS == sde.TIME_GRIDS
+
+
 def test_every_setting_draws_its_own_sample_grid():
   settings = [('ancestral', 100, 'ema', 'gaussian', 'uniform', 0),
               ('ancestral', 100, 'params', 'gaussian', 'uniform', 0),

@@ -157,6 +157,11 @@ def test_a_sampler_of_another_objective_is_refused():
     task.sample(ExactEps(), {}, jax.random.PRNGKey(0), 2, sampler='ode')
   with pytest.raises(ValueError, match="objective='d3pm' has no score model"):
     task.score_model(lambda x, t: x)
+  ddpm = tasks.build('diffusion', {'features': ('x',), 'shapes': {'x': (2,)}}, objective='ddpm',
+                     input_key='x')
+  with pytest.raises(ValueError, match="ode_grid='log' is the time grid of sampler='ode', not "
+                                       "of sampler='ancestral'"):
+    ddpm.sample(ExactEps(), {}, jax.random.PRNGKey(0), 2, sampler='ancestral', ode_grid='log')
 
 
 def test_image_grid_places_each_image():

@@ -205,6 +205,9 @@ class Diffusion(base.Task):
                                      'models.generative.cold.improved_sample)')
       raise ValueError(f'sampler={sampler!r} does not sample task.objective='
                        f'{self.objective!r}; allowed: {names}.')
+    if ode_grid != 'uniform' and sampler != 'ode':
+      raise ValueError(f'ode_grid={ode_grid!r} is the time grid of sampler=\'ode\', not of '
+                       f'sampler={sampler!r}.')
     shape = tuple(shape or self.meta['shapes'][self.input_key])
     apply = lambda x, t: module.apply(variables, x, t)
     fn = self.model_fn(apply)
