@@ -1,14 +1,16 @@
 r"""Time and memory of every attention kind against sequence length.
 
   python benchmarks/attention_scaling.py [--kinds=exact,chunked,...] \
-      [--lengths=256,512,...,16384] [--width=64] [--heads=1] [--repeats=3] [--causal] \
+      [--lengths=256,512,...,16384] [--width=64] [--heads=1] [--repeats=5] [--causal] \
       [--figure=workdirs/attention_scaling.png]
 
 For each kind of models/attention/kinds.py and each length n, compiles the
 forward and backward pass of one attention call (batch 1, `--heads` heads of width
 `--width`: the gradient of Σ out ⊙ c with respect to q, k and v) and reports
 
-  * the best wall time of `--repeats` calls after a warm-up, and
+  * the time per call: every length of a kind is compiled first, then `--repeats` rounds
+    time a batch of calls (at least `--min_batch_seconds` long) of each length in turn, and
+    the best round is kept, and
   * the memory XLA's analysis of the compiled function gives: temporaries plus
     arguments plus outputs (a compile-time figure, so it does not depend on what
     else runs on the machine).
@@ -51,7 +53,9 @@ _KINDS = flags.DEFINE_list('kinds', list(kinds.KINDS), 'Attention kinds to measu
 _LENGTHS = flags.DEFINE_list('lengths', [str(2 ** i) for i in range(8, 15)], 'Sequence lengths.')
 _WIDTH = flags.DEFINE_integer('width', 64, 'Head width H.')
 _HEADS = flags.DEFINE_integer('heads', 1, 'Number of heads N.')
-_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed calls per setting (the best is kept).')
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed rounds over the lengths (the best is kept).')
+_MIN_BATCH_SECONDS = flags.DEFINE_float(
+    'min_batch_seconds', 0.2, 'Each timing runs enough calls to take at least this long.')
 _CAUSAL = flags.DEFINE_boolean('causal', False, 'Causal attention (Linformer is then skipped).')
 _MAX_GB = flags.DEFINE_float('max_gb', 12.0, 'Skip settings whose compiled memory exceeds this.')
 _FIGURE = flags.DEFINE_string('figure', None, 'Where to save the log–log figure (PNG).')
@@ -70,8 +74,8 @@ def attention_fn(kind: str, length: int, causal: bool):
   return jax.value_and_grad(loss, argnums=(1, 2, 3)), (params, q, k, v)
 
 
-def measure(kind: str, length: int, causal: bool):
-  """(best seconds, compiled bytes) of forward plus backward, or None if over --max_gb."""
+def compile_setting(kind: str, length: int, causal: bool):
+  """(call, compiled bytes) of forward plus backward; call is None if over --max_gb."""
   fn, args = attention_fn(kind, length, causal)
   compiled = jax.jit(fn).lower(*args).compile()
   memory = compiled.memory_analysis()
@@ -79,13 +83,37 @@ def measure(kind: str, length: int, causal: bool):
                  + memory.output_size_in_bytes)
   if total_bytes > _MAX_GB.value * 2 ** 30:
     return None, total_bytes
-  jax.block_until_ready(compiled(*args))
-  best = float('inf')
+  return (lambda: jax.block_until_ready(compiled(*args))), total_bytes
+
+
+def calls_per_batch(call) -> int:
+  """Calls that take at least --min_batch_seconds together (at least 1), after a warm-up."""
+  call()
+  start = time.perf_counter()
+  call()
+  once = time.perf_counter() - start
+  return max(1, int(np.ceil(_MIN_BATCH_SECONDS.value / max(once, 1e-9))))
+
+
+def time_interleaved(calls) -> list[float | None]:
+  """Seconds per call of each of `calls` (None entries are skipped): --repeats rounds, each
+  timing one batch of every setting in turn, and the best round kept per setting.
+
+  Interleaving puts a passing load on a shared machine into every length's rounds alike
+  instead of into one length's, and a batch of calls per timing keeps the timer's and the
+  dispatch's fixed costs out of the short settings.
+  """
+  numbers = [None if call is None else calls_per_batch(call) for call in calls]
+  best = [None if call is None else float('inf') for call in calls]
   for _ in range(_REPEATS.value):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    best = min(best, time.perf_counter() - start)
-  return best, total_bytes
+    for i, (call, number) in enumerate(zip(calls, numbers)):
+      if call is None:
+        continue
+      start = time.perf_counter()
+      for _ in range(number):
+        call()
+      best[i] = min(best[i], (time.perf_counter() - start) / number)
+  return best
 
 
 def fitted_exponent(lengths, values) -> float:
@@ -113,7 +141,8 @@ def main(argv):
         f'{"causal" if causal else "non-causal"}; time in ms (compiled memory in MB)')
   print(f'{"kind":<10}' + ''.join(f'{n:>18}' for n in lengths))
   for kind in chosen:
-    row = [measure(kind, n, causal) for n in lengths]
+    calls, memory = zip(*(compile_setting(kind, n, causal) for n in lengths))
+    row = list(zip(time_interleaved(calls), memory))
     results[kind] = row
     cells = [f'{"—" if s is None else f"{1e3 * s:.1f}"} ({b / 2 ** 20:.0f})' for s, b in row]
     print(f'{kind:<10}' + ''.join(f'{c:>18}' for c in cells), flush=True)

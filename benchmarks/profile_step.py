@@ -29,6 +29,7 @@ import jax
 from ml_collections import config_flags
 
 from train import loop
+from train import xla_cpu
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
 _STEPS = flags.DEFINE_integer('steps', 10, 'Traced train steps.')
@@ -68,6 +69,8 @@ def summarise(trace_dir: str, steps: int) -> list[tuple[str, float, float, float
 
 def main(argv):
   del argv
+  xla_cpu.keep_convolutions_off_ynnpack()
+  print(f'XLA_FLAGS: {os.environ["XLA_FLAGS"]}')
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   with tempfile.TemporaryDirectory() as workdir, tempfile.TemporaryDirectory() as tmp_trace:

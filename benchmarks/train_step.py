@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 
 from train import loop
+from train import xla_cpu
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
 _STEPS = flags.DEFINE_integer('steps', 200, 'Timed train steps.')
@@ -164,6 +165,8 @@ def _set(config, field: str, value) -> None:
 
 def main(argv):
   del argv
+  xla_cpu.keep_convolutions_off_ynnpack()
+  print(f'XLA_FLAGS: {os.environ["XLA_FLAGS"]}')
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   peak, peak_n = matmul_peak_flops()
