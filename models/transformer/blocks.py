@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from models.attention.core import MultiHeadAttention
+from models.attention.core import tokens_first
 
 
 def layer_norm(use_bias: bool, name: str | None = None) -> nn.LayerNorm:
@@ -59,9 +60,12 @@ class FeedForward(nn.Module):
                       kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), names),
                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[1:]),
                       name=name)
-    h_BxTxF = nn.gelu(dense(self.mlp_dim, ('embed', 'mlp'), 'hidden')(x_BxTxD))
-    h_BxTxF = nn.with_logical_constraint(h_BxTxF, ('batch', 'length', 'mlp'))
-    return dense(x_BxTxD.shape[-1], ('mlp', 'embed'), 'output')(h_BxTxF)
+    # Dense layers on one token axis: see models.attention.core.tokens_first.
+    h_MxF = nn.gelu(dense(self.mlp_dim, ('embed', 'mlp'), 'hidden')(tokens_first(x_BxTxD)))
+    h_BxTxF = nn.with_logical_constraint(h_MxF.reshape(*x_BxTxD.shape[:-1], self.mlp_dim),
+                                         ('batch', 'length', 'mlp'))
+    y_MxD = dense(x_BxTxD.shape[-1], ('mlp', 'embed'), 'output')(tokens_first(h_BxTxF))
+    return y_MxD.reshape(x_BxTxD.shape)
 
 
 class TransformerBlock(nn.Module):
