@@ -1,23 +1,23 @@
-r"""A small Vision Transformer (Dosovitskiy et al. 2021) on Fashion-MNIST, sized for ~45 minutes
-on two CPU cores.
+r"""A small Vision Transformer (Dosovitskiy et al. 2021) on Fashion-MNIST, sized for about
+1 h 40 min on one CPU core (32 epochs).
 
 ViT with 4×4 patches (the 28×28 image becomes 7×7 = 49 tokens), width 64, 4 pre-LN blocks of
 4 heads and an MLP of 128 (2·D), learned position embeddings and the mean of the final
 tokens as the image representation (the "global average pooling" head, which Beyer et al.
 2022, "Better plain ViT baselines for ImageNet-1k", found to train better than the class
-token); about 140k parameters. Horizontal flips and label smoothing 0.1; AdamW (decoupled
-decay 0.05 on the kernels and the position table, not on biases and LayerNorms),
-global-norm clipping at 1 as in the paper, one epoch of warm-up to 1e-3 and a cosine decay,
-batch 128, 20 epochs.
+token); about 140k parameters. Random crops (padding 2) and horizontal flips, label
+smoothing 0.1; AdamW (decoupled decay 0.05 on the kernels and the position table, not on
+biases and LayerNorms), global-norm clipping at 1 as in the paper, one epoch of warm-up to
+1e-3 and a cosine decay, batch 128, 32 epochs.
 
-A model this small underfits Fashion-MNIST rather than overfits it: trained for 10 epochs
-with random crops (padding 2) as well as flips it reached 87.07% test accuracy with 87.1%
-training accuracy on the augmented data, hence twice the epochs and no crops.
+Measured (README): 90.66% test accuracy, training accuracy 90.8% on the augmented images.
+Without crops, 20 epochs: 89.90% with 94.7% on the flipped training images; width 96 and
+an MLP of 192 without crops, 20 epochs: 90.40% with 96.4%. With crops and only 10 epochs:
+87.07%, so crops need the longer run.
 
 Budget: 6.2 GFLOPs per train step by XLA's count (≈ 3 × 128 × the forward pass of
-2·49·(4·64² + 2·64·128 + 2·49·64)·4 layers = 15 MFLOPs per example); about 0.25–0.33 s per
-step on this machine (measured as CPU time per step: 0.33 s on one core), so 9,360 steps take
-~40–50 minutes plus ~1–2 minutes of compilation.
+2·49·(4·64² + 2·64·128 + 2·49·64)·4 layers = 15 MFLOPs per example); 14,976 steps took
+1 h 42 min on one core of this machine beside another run on the other core.
 
   python -m experiments.main --config=experiments/configs/fashion_mnist_vit.py \
       --workdir=workdirs/fashion_mnist_vit
@@ -30,13 +30,13 @@ import ml_collections
 from experiments.configs import default
 from experiments.configs import fashion_mnist_resnet
 
-EPOCHS = 20
+EPOCHS = 32
 STEPS_PER_EPOCH = fashion_mnist_resnet.STEPS_PER_EPOCH
 
 
 def get_config():
   config = fashion_mnist_resnet.set_normalised_images(default.get_config())
-  config.task.augment = ({'name': 'horizontal_flip'},)
+  config.task.augment = ({'name': 'random_crop', 'padding': 2}, {'name': 'horizontal_flip'})
   config.task.label_smoothing = 0.1
   config.model = ml_collections.ConfigDict({
       'name': 'vit', 'patch_size': 4, 'features': 64, 'num_layers': 4, 'num_heads': 4,
