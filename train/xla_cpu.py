@@ -3,12 +3,12 @@
 XLA:CPU hands some operations to the YNNPACK library as "YNN fusions"
 (`--xla_cpu_experimental_ynn_fusion_type`, a list of fusion kinds). By default the list
 includes `individual_convolution`, and on this project's ResNet-20 train step (batch
-128, 28×28 images) the library then computes every weight gradient — a convolution
-whose window is the whole 28×28 feature map — at about half the speed of XLA's own
-convolution: the step ran at 0.80 steps/s with it and 1.13 without it, measured in one
-session, with the transposes XLA adds around either unchanged (README, benchmarks).
-Dots and the other fusion kinds stay on YNNPACK: turning every YNN fusion off slowed the
-ViT's step to 0.80× its default speed.
+128, 28×28 images) the library then computes the weight gradients, convolutions whose
+window is a whole feature map, slowly: with it the step's traced operations took 550 ms,
+324 ms of them in YNNPACK, and without it 216 ms; the step ran 1.29× and 1.25× faster in
+two rounds on a quiet machine (README, Benchmarks). Dots and the other fusion kinds stay
+on YNNPACK: turning every YNN fusion off gave the ViT's step between 0.80× and 1.13× its
+speed in rounds on a loaded machine, no clear gain.
 
 `keep_convolutions_off_ynnpack` appends `-individual_convolution` (remove that kind from
 XLA's default list) to `XLA_FLAGS`, unless `XLA_FLAGS` already names the YNN fusion
