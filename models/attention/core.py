@@ -129,7 +129,7 @@ class HeadProjection(nn.Module):
     kernel_DxNxH = self.param('kernel', nn.with_logical_partitioning(init, ('embed', 'heads', 'kv')),
                               (x_BxTxD.shape[-1], self.num_heads, self.head_dim), jnp.float32)
     # One token axis (B·T): the kernel's gradient then contracts one leading axis, which
-    # XLA:CPU does without first transposing the activations (see `tokens_first`).
+    # XLA:CPU does without first copying the output's gradient (see `tokens_first`).
     x_MxD = tokens_first(x_BxTxD)
     y_MxNxH = jnp.einsum('md,dnh->mnh', x_MxD.astype(self.dtype), kernel_DxNxH.astype(self.dtype))
     y_BxTxNxH = y_MxNxH.reshape(*x_BxTxD.shape[:-1], *y_MxNxH.shape[1:])
