@@ -34,10 +34,10 @@ def test_too_late_is_one_sentence(monkeypatch):
 
 
 _YNN_CONVOLUTIONS = """
-import json, sys
+import json
 import jax, jax.numpy as jnp
 from train import xla_cpu
-if sys.argv[-1] == 'launcher':
+if LAUNCHER:
   xla_cpu.keep_convolutions_off_ynnpack()
 # XLA kept the small convolutions tried (batch 16 and below) for itself; this one, of batch
 # 32, goes to YNNPACK under the default flags.
@@ -61,7 +61,7 @@ print(json.dumps({'ynn_convolutions': ynn_convolutions,
 @pytest.mark.parametrize('launcher', [False, True])
 def test_the_flag_takes_convolutions_off_ynnpack(launcher):
   """XLA's default hands the weight gradient's convolution to YNNPACK; the flag stops it."""
-  source = _YNN_CONVOLUTIONS.replace("sys.argv[-1] == 'launcher'", str(launcher))
+  source = _YNN_CONVOLUTIONS.replace('LAUNCHER', str(launcher))
   result = subprocess_util.run_python(source, env={'XLA_FLAGS': ''})
   assert result['convolutions'] >= 2  # the forward pass's and the weight gradient's
   assert result['ynn_convolutions'] == (0 if launcher else 1)
