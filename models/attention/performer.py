@@ -90,10 +90,10 @@ def _chunks(x_BxLx, chunk, fill):
 
 def _non_causal(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, features_MxH, key_valid_BxS):
   """The non-causal sums of `performer_attention` (q, k already scaled by H^{-1/4}), `CHUNK`
-  positions at a time: a pass over the key chunks for the largest log-feature of each
-  (batch, head), a scan over them for S = Σ φ(k) vᵀ and z = Σ φ(k), and the query chunks
-  in turn. The same numbers as building every feature at once, in a working set that does
-  not grow with the length."""
+  positions at a time: one scan over the key chunks for S = Σ φ(k) vᵀ and z = Σ φ(k), scaled
+  by the largest log-feature of each (batch, head) so far, and the query chunks in turn. The
+  same numbers as building every feature at once, in a working set that does not grow with
+  the length."""
   batch, keys = k_BxSxNxH.shape[:2]
   valid_BxS = (jnp.ones((batch, keys), bool) if key_valid_BxS is None
                else jnp.asarray(key_valid_BxS, bool))
@@ -106,27 +106,30 @@ def _non_causal(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, features_MxH, key_valid_BxS):
     return jnp.where(valid_BxL[:, :, None, None], _log_features(k_BxLxNxH, features_MxH),
                      -jnp.inf)
 
-  key_max_CxBxN = jax.lax.map(lambda a: jnp.max(log_phi_k(*a), axis=(1, 3)),
-                              (k_CxBxLxNxH, valid_CxBxL))
-  key_max_BxN = jnp.max(key_max_CxBxN, axis=0)
-  # See `performer_attention` for why one maximum per (batch, head) cancels in the ratio.
-  key_max_BxN = jax.lax.stop_gradient(jnp.where(jnp.isfinite(key_max_BxN), key_max_BxN, 0))
-
   def add_chunk(sums, a):
     k_BxLxNxH, v_BxLxNxH, valid_BxL = a
-    phi_k_BxLxNxM = jnp.exp(log_phi_k(k_BxLxNxH, valid_BxL) - key_max_BxN[:, None, :, None])
+    state_BxNxMxH, z_BxNxM, max_BxN = sums
+    log_phi_k_BxLxNxM = log_phi_k(k_BxLxNxH, valid_BxL)
+    # The running maximum of the keys so far (see `performer_attention` for why one maximum
+    # per (batch, head) cancels in the ratio): when a chunk raises it, the sums so far are
+    # rescaled by exp(old − new), as in the online softmax of Milakov & Gimelshein 2018.
+    max_BxN = jnp.maximum(max_BxN, jax.lax.stop_gradient(jnp.max(log_phi_k_BxLxNxM, axis=(1, 3))))
+    shift_BxN = jnp.where(jnp.isfinite(max_BxN), max_BxN, 0)  # −inf while only padding so far
+    rescale_BxN = jnp.exp(sums[2] - shift_BxN)  # exp(−inf) = 0 before the first valid key
+    phi_k_BxLxNxM = jnp.exp(log_phi_k_BxLxNxM - shift_BxN[:, None, :, None])
     # Zeroing the values as well keeps padding garbage (inf, nan) out of 0·v.
     v_BxLxNxH = jnp.where(valid_BxL[:, :, None, None], v_BxLxNxH, 0)
-    state_BxNxMxH, z_BxNxM = sums
-    return (state_BxNxMxH + jnp.einsum('blnm,blnh->bnmh', phi_k_BxLxNxM, v_BxLxNxH,
-                                       preferred_element_type=jnp.float32),
-            z_BxNxM + jnp.sum(phi_k_BxLxNxM, axis=1)), None
+    state_BxNxMxH = rescale_BxN[:, :, None, None] * state_BxNxMxH + jnp.einsum(
+        'blnm,blnh->bnmh', phi_k_BxLxNxM, v_BxLxNxH, preferred_element_type=jnp.float32)
+    z_BxNxM = rescale_BxN[:, :, None] * z_BxNxM + jnp.sum(phi_k_BxLxNxM, axis=1)
+    return (state_BxNxMxH, z_BxNxM, max_BxN), None
 
   heads, width, num_features = k_BxSxNxH.shape[2], v_BxSxNxH.shape[-1], features_MxH.shape[0]
-  zeros = (jnp.zeros((batch, heads, num_features, width), jnp.float32),
-           jnp.zeros((batch, heads, num_features), jnp.float32))
-  (state_BxNxMxH, z_BxNxM), _ = jax.lax.scan(add_chunk, zeros,
-                                             (k_CxBxLxNxH, v_CxBxLxNxH, valid_CxBxL))
+  start = (jnp.zeros((batch, heads, num_features, width), jnp.float32),
+           jnp.zeros((batch, heads, num_features), jnp.float32),
+           jnp.full((batch, heads), -jnp.inf, jnp.float32))
+  (state_BxNxMxH, z_BxNxM, _), _ = jax.lax.scan(add_chunk, start,
+                                                (k_CxBxLxNxH, v_CxBxLxNxH, valid_CxBxL))
 
   def attend(q_BxLxNxH):
     log_phi_q_BxLxNxM = _log_features(q_BxLxNxH, features_MxH)

@@ -211,7 +211,8 @@ def test_orthogonalisation_is_the_q_of_qr_with_a_positive_diagonal():
 def test_non_causal_sums_over_chunks_equal_the_quadratic_form(monkeypatch):
   # Chunks of 5 positions over 12 (the last one padded): the key maximum, the sums and the
   # queries are gathered across chunks; a lost or double-counted chunk, or padding counted as
-  # keys, breaks the equality. Measured 9.3e-6, as in one chunk.
+  # keys, or a running maximum raised without rescaling the sums so far, breaks the equality.
+  # Measured 9.3e-6, as in one chunk.
   monkeypatch.setattr(performer, 'CHUNK', 5)
   q, k, v = _scaled_qkv(12)
   features_MxH = features_10xH()

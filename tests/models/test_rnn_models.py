@@ -64,7 +64,7 @@ def test_greedy_generation_with_and_without_cache_equals_a_python_loop(attention
         use_cache=use_cache, inputs=(SOURCE, LENGTHS), return_logits=True)
   tokens = prompt
   for _ in range(6):  # rerun the whole decoder on the growing prefix
-    logits = model.apply(variables, tokens, SOURCE, LENGTHS)[:, -1]
+    logits = jax.jit(model.apply)(variables, tokens, SOURCE, LENGTHS)[:, -1]
     tokens = jnp.concatenate([tokens, jnp.argmax(logits, -1)[:, None].astype(jnp.int32)], 1)
   np.testing.assert_array_equal(outputs[True][0], tokens)
   np.testing.assert_array_equal(outputs[False][0], tokens)
