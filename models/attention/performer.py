@@ -106,6 +106,9 @@ def _non_causal(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, features_MxH, key_valid_BxS):
     return jnp.where(valid_BxL[:, :, None, None], _log_features(k_BxLxNxH, features_MxH),
                      -jnp.inf)
 
+  # Checkpointed: the backward pass recomputes a chunk's features instead of storing every
+  # chunk's [chunk, M] arrays, so its working set does not grow with the length either.
+  @jax.checkpoint
   def add_chunk(sums, a):
     k_BxLxNxH, v_BxLxNxH, valid_BxL = a
     state_BxNxMxH, z_BxNxM, max_BxN = sums
@@ -131,6 +134,7 @@ def _non_causal(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, features_MxH, key_valid_BxS):
   (state_BxNxMxH, z_BxNxM, _), _ = jax.lax.scan(add_chunk, start,
                                                 (k_CxBxLxNxH, v_CxBxLxNxH, valid_CxBxL))
 
+  @jax.checkpoint
   def attend(q_BxLxNxH):
     log_phi_q_BxLxNxM = _log_features(q_BxLxNxH, features_MxH)
     phi_q_BxLxNxM = jnp.exp(log_phi_q_BxLxNxM - jax.lax.stop_gradient(
