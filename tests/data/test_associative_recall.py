@@ -21,10 +21,6 @@ from data.builders import associative_recall
 from tests.data.test_datasets import assert_one_sentence
 from train import tasks
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_associative_recall')
-
 SIZES = {'train': 20_000, 'validation': 500, 'test': 1_000}
 LENGTH = 64  # T: 32 positions with 16 pairs and 16 fillers, a marker, 16 queries and answers
 PAIRS, PREFIX = 16, 32

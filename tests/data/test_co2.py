@@ -14,10 +14,6 @@ from data import datasets
 from data import series
 from data.builders import co2
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_co2')
-
 SPLITS = ('train', 'validation', 'test')
 
 

@@ -17,10 +17,6 @@ from data import datasets
 from data import pipeline
 from data.builders import dates
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_dates')
-
 SIZES = {'train': 20_000, 'validation': 1_000, 'test': 2_000}
 
 # format_date(date(2021, 3, 3), i), as the task describes the formats.

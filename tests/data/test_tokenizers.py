@@ -11,10 +11,6 @@ import regex
 
 from data import tokenizers
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_tokenizers')
-
 SEED_WORDS = {'hug': 10, 'pug': 5, 'pun': 12, 'bun': 4, 'hugs': 5}
 
 CORPUS = """\

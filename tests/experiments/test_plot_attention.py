@@ -12,10 +12,6 @@ from train import loop
 from train.tasks import seq2seq
 from tests.experiments import fake_runs
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_plot_attention')
-
 
 def _run(tmp_path_factory, data_dir, attention):
   """A tiny dates run with a checkpoint of step 2 holding random parameters."""

@@ -16,10 +16,6 @@ from models.generative import autoencoders
 from train import checkpoint, loop
 from tests.experiments import fake_runs
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_plot_vae')
-
 
 def _numpy_encoder_mean(params, x_NxD):
   """μ(x) in float64: ReLU hidden layers, then the linear 'posterior_mean' layer."""

@@ -17,10 +17,6 @@ from experiments.configs import digits_mlp
 from train import checkpoint
 from tests.experiments import fake_runs
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_recompute_batch_stats')
-
 
 def _config(data_dir, model):
   config = digits_mlp.get_config()

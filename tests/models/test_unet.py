@@ -22,10 +22,6 @@ from numpy.lib.stride_tricks import sliding_window_view
 from models.generative import unet as unet_lib
 from models.generative.unet import AttentionBlock, ResidualBlock, UNet
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_unet')
-
 
 def random_params(module, *args, seed=0, **kwargs):
   shapes = nn.meta.unbox(jax.eval_shape(module.init, jax.random.key(0), *args, **kwargs)['params'])

@@ -23,10 +23,6 @@ from tests.models.test_autoencoders import SHAPE, images
 from tests.subprocess_util import run_python
 from tests.train.test_tasks import _one_sentence
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_autoencoder_tasks')
-
 B = 6  # examples per test batch
 
 

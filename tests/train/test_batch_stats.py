@@ -11,10 +11,6 @@ from models.mlp import MLP
 from models.vision import resnet
 from train import batch_stats
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_batch_stats')
-
 NUM_EXAMPLES, BATCH = 38, 8  # batches of 8, 8, 8, 8 and an uneven 6
 # Every BatchNorm of models/vision/resnet.py updates ra ← 0.9·ra + 0.1·stat.
 _MOMENTUM = 0.9

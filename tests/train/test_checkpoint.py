@@ -20,10 +20,6 @@ import pytest
 from tests.subprocess_util import REPO_ROOT, run_python
 from train import checkpoint
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_checkpoint')
-
 _STEPS = (1, 2, 3)
 
 

@@ -7,10 +7,6 @@ import pytest
 
 from tests.subprocess_util import run_python
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_parallel')
-
 _TRAIN_10_STEPS = '''
 import functools, json
 import flax.linen as nn

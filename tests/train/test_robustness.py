@@ -13,10 +13,6 @@ from experiments.configs import digits_mlp
 from tests.train import test_checkpoint as damage_lib
 from train import checkpoint, loop
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_robustness')
-
 
 def _config(data_dir, **overrides):
   config = digits_mlp.get_config()

@@ -10,10 +10,6 @@ import pytest
 
 from tests.subprocess_util import run_python
 
-# Every test here shares the module-scoped fixtures, so they run on one pytest-xdist worker
-# (README test command: --dist loadgroup) and the fixtures are built once.
-pytestmark = pytest.mark.xdist_group('test_tensor_parallel')
-
 _CHILD = '''
 import functools, json, tempfile
 import flax.linen as nn
