@@ -111,14 +111,15 @@ def _non_causal(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, features_MxH, key_valid_BxS):
   @jax.checkpoint
   def add_chunk(sums, a):
     k_BxLxNxH, v_BxLxNxH, valid_BxL = a
-    state_BxNxMxH, z_BxNxM, max_BxN = sums
+    state_BxNxMxH, z_BxNxM, old_max_BxN = sums
     log_phi_k_BxLxNxM = log_phi_k(k_BxLxNxH, valid_BxL)
     # The running maximum of the keys so far (see `performer_attention` for why one maximum
     # per (batch, head) cancels in the ratio): when a chunk raises it, the sums so far are
     # rescaled by exp(old − new), as in the online softmax of Milakov & Gimelshein 2018.
-    max_BxN = jnp.maximum(max_BxN, jax.lax.stop_gradient(jnp.max(log_phi_k_BxLxNxM, axis=(1, 3))))
+    max_BxN = jnp.maximum(old_max_BxN,
+                          jax.lax.stop_gradient(jnp.max(log_phi_k_BxLxNxM, axis=(1, 3))))
     shift_BxN = jnp.where(jnp.isfinite(max_BxN), max_BxN, 0)  # −inf while only padding so far
-    rescale_BxN = jnp.exp(sums[2] - shift_BxN)  # exp(−inf) = 0 before the first valid key
+    rescale_BxN = jnp.exp(old_max_BxN - shift_BxN)  # exp(−inf) = 0 before the first valid key
     phi_k_BxLxNxM = jnp.exp(log_phi_k_BxLxNxM - shift_BxN[:, None, :, None])
     # Zeroing the values as well keeps padding garbage (inf, nan) out of 0·v.
     v_BxLxNxH = jnp.where(valid_BxL[:, :, None, None], v_BxLxNxH, 0)

@@ -62,9 +62,9 @@ def test_greedy_generation_with_and_without_cache_equals_a_python_loop(attention
     outputs[use_cache] = sampling.generate(
         model, variables, prompt, jax.random.PRNGKey(0), num_new_tokens=6, temperature=0.0,
         use_cache=use_cache, inputs=(SOURCE, LENGTHS), return_logits=True)
-  tokens = prompt
+  tokens, apply = prompt, jax.jit(model.apply)
   for _ in range(6):  # rerun the whole decoder on the growing prefix
-    logits = jax.jit(model.apply)(variables, tokens, SOURCE, LENGTHS)[:, -1]
+    logits = apply(variables, tokens, SOURCE, LENGTHS)[:, -1]
     tokens = jnp.concatenate([tokens, jnp.argmax(logits, -1)[:, None].astype(jnp.int32)], 1)
   np.testing.assert_array_equal(outputs[True][0], tokens)
   np.testing.assert_array_equal(outputs[False][0], tokens)
