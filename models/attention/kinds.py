@@ -37,9 +37,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     'linear': {'block': 64},
     'performer': {'num_features': 256, 'orthogonal': True, 'block': 64},
     'linformer': {'projected_length': 256, 'share_kv': False},
-    'local': {'block': 128, 'query_blocks': 8},
-    'strided': {'block': 128, 'query_blocks': 8},
-    'fixed': {'block': 128, 'summary': 8, 'query_blocks': 8},
+    'local': {'block': 128, 'query_blocks': 4},
+    'strided': {'block': 128, 'query_blocks': 4},
+    'fixed': {'block': 128, 'summary': 8, 'query_blocks': 4},
 }
 KINDS = tuple(DEFAULTS)
 # Kinds that can decode with the key/value cache: attention over the cached keys is

@@ -9,6 +9,7 @@ import pytest
 
 from models.attention import core, sparse
 from tests.models.test_attention import draw, reference_attention
+from tests.models.test_attention_chunked import reference_gradients
 
 
 def pattern_allowed(pattern, steps, block, causal, summary=1):
@@ -55,19 +56,33 @@ def _case(name):
   return (q, k, v), valid_BxT, kwargs, allowed_BxTxT[:, None]
 
 
-@pytest.mark.parametrize('query_blocks', [8, 4])
+@pytest.mark.parametrize('query_blocks', [8, 4, 2])
 @pytest.mark.parametrize('name', sorted(CASES))
-def test_sparse_attention_is_exact_attention_over_the_pattern(name, query_blocks):
-  # 5 or 6 blocks: all in one group (8), or a group of 4 and a remainder (4).
+def test_sparse_attention_and_its_gradients_are_exact_attention_over_the_pattern(
+    name, query_blocks):
+  # 5 or 6 blocks: all in one group (8), a group of 4 and a padded one (4), or three groups
+  # whose halos carry neighbours across group boundaries (2).
   (q, k, v), valid_BxT, kwargs, allowed_Bx1xTxT = _case(name)
+  cotangent = draw(q.shape, 4)
   expected, _ = reference_attention(q, k, v, allowed=allowed_Bx1xTxT)
-  out = jax.jit(lambda q, k, v, valid: sparse.sparse_attention(
-      q, k, v, key_valid_BxS=valid, query_blocks=query_blocks, **kwargs))(q, k, v, valid_BxT)
+  expected_grads = reference_gradients(q, k, v, cotangent, allowed_Bx1xTxT)
+
+  @jax.jit
+  def outputs_and_gradients(q, k, v, valid):
+    out, attend_vjp = jax.vjp(lambda q, k, v: sparse.sparse_attention(
+        q, k, v, key_valid_BxS=valid, query_blocks=query_blocks, **kwargs), q, k, v)
+    return out, attend_vjp(cotangent)
+
+  out, grads = outputs_and_gradients(q, k, v, valid_BxT)
   assert out.shape == q.shape and out.dtype == jnp.float32
   # The pattern leaves keys out, so attending to all of them would fail the comparison.
   assert not allowed_Bx1xTxT.all()
   # float32 against float64: the largest difference measured is 6.7e-7.
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=2e-6)
+  # Keys and values reached only through a halo, or (strided, fixed) only through the keys
+  # every block shares, would have wrong or zero gradients here.
+  for argument, grad, expected_grad in zip('qkv', grads, expected_grads):
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=5e-6, err_msg=argument)
 
 
 def test_rows_without_keys_are_zeros_with_finite_gradients():
