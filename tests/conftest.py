@@ -1,9 +1,33 @@
 import os
+import shutil
+import tempfile
 
 # Tests run on the CPU; multi-device tests start their own processes.
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def pytest_configure(config):
+  """One JAX compilation cache for the whole session: every process of it (xdist workers, and
+  the runs, evaluations and multi-device checks the tests launch, which inherit the
+  environment) reuses a program another has compiled, e.g. a config's train step compiled
+  again by each of the preemption tests' nine launches. A temporary folder, removed at the
+  end; set JAX_COMPILATION_CACHE_DIR to keep one across sessions."""
+  if 'JAX_COMPILATION_CACHE_DIR' in os.environ:  # the user's, or the xdist controller's
+    return
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='jaxlab_tests_xla_cache_')
+  # Every program, however fast it compiles (JAX's default keeps those over 1 s only).
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  config.stash[_OWN_CACHE] = os.environ['JAX_COMPILATION_CACHE_DIR']
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE in config.stash:
+    shutil.rmtree(config.stash[_OWN_CACHE], ignore_errors=True)
+
+
+_OWN_CACHE = pytest.StashKey[str]()
 
 
 @pytest.fixture(scope='session')
