@@ -8,7 +8,13 @@ Compiles the config's train step, warms it up, traces `--steps` steps with
 prints the device operations that took the most time: the share of the traced
 op time of each op kind (the op name without its numeric suffix, e.g.
 `transpose_copy_fusion` for `transpose_copy_fusion.12`), its calls per step and
-milliseconds per step.
+milliseconds per step. Operations that compute matrix products (read from the
+compiled program, `benchmarks/hlo_dots.py`) are kinds of their own, `… (dot)`
+or `… (batched dot)` (products with batch dimensions, such as attention's per
+head), so XLA:CPU's YNNPACK fusions of products are told from its YNNPACK
+fusions of reductions and elementwise work; the products' FLOPs over their
+traced time give the FLOP/s they ran at. XLA:CPU runs independent operations
+side by side, so traced times can overlap: their sum may exceed the step's.
 """
 
 import collections
@@ -28,6 +34,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from benchmarks import hlo_dots
 from train import loop
 from train import xla_cpu
 
@@ -48,8 +55,11 @@ def op_kind(name: str) -> str:
   return re.sub(r'(\.\d+)+$', '', name)
 
 
-def summarise(trace_dir: str, steps: int) -> list[tuple[str, float, float, float]]:
-  """(op kind, share of op time, calls per step, ms per step) from the trace, largest first."""
+def summarise(trace_dir: str, steps: int, dots: dict[str, hlo_dots.Dot] | None = None
+              ) -> list[tuple[str, float, float, float]]:
+  """(op kind, share of op time, calls per step, ms per step) from the trace, largest first;
+  the operations named in `dots` are kinds `<kind> (dot)` or `<kind> (batched dot)`."""
+  dots = dots or {}
   files = glob.glob(os.path.join(trace_dir, '**', '*.trace.json.gz'), recursive=True)
   if not files:
     raise FileNotFoundError(f'No *.trace.json.gz under {trace_dir}; the profiler wrote nothing.')
@@ -60,6 +70,8 @@ def summarise(trace_dir: str, steps: int) -> list[tuple[str, float, float, float
     if event.get('ph') != 'X' or _SKIPPED.match(event.get('name', '')):
       continue
     kind = op_kind(event['name'])
+    if event['name'] in dots:
+      kind += ' (batched dot)' if dots[event['name']].batched else ' (dot)'
     total_us[kind] += event.get('dur', 0)
     calls[kind] += 1
   all_us = sum(total_us.values()) or 1
@@ -80,6 +92,10 @@ def main(argv):
     state = par.to_run_layout(par.init_state(run.init_fn, run.rng))
     train_step = par.compile_train_step(run.train_step_fn(), par.abstract_state(run.init_fn, run.rng))
     batch = par.shard_batch(next(run.train_iterator()))
+    # The compiled program's products (jit modes; a pmap step has no `lower`).
+    lower = getattr(train_step, 'lower', None) or getattr(getattr(train_step, 'jitted', None),
+                                                          'lower', None)
+    dots = hlo_dots.dot_flops(lower(state, batch).compile().as_text()) if lower else {}
     for _ in range(3):
       state, metrics = train_step(state, batch)
     jax.block_until_ready((state, metrics))
@@ -89,13 +105,22 @@ def main(argv):
     jax.block_until_ready((state, metrics))
     jax.profiler.stop_trace()
     run.lock.release()
-    rows = summarise(trace_dir, _STEPS.value)
+    rows = summarise(trace_dir, _STEPS.value, dots)
   print(f'config: {config.data.name} / {config.model.name} ({config.model.get("dtype")}), '
         f'{_STEPS.value} traced steps')
   print(f'{"op kind":<40} {"share":>7} {"calls/step":>11} {"ms/step":>9}')
   for kind, share, per_step, ms in rows[:_TOP.value]:
     print(f'{kind:<40} {share:>7.1%} {per_step:>11.1f} {ms:>9.2f}')
   print(f'traced op time per step: {sum(r[3] for r in rows):.1f} ms')
+  for label, batched in (('products', None), ('  without batch dimensions', False),
+                         ('  with batch dimensions', True)):
+    chosen = [d for d in dots.values() if batched is None or d.batched == batched]
+    ms = sum(r[3] for r in rows if r[0].endswith(('(dot)', '(batched dot)')) and (
+        batched is None or r[0].endswith('(batched dot)') == batched))
+    flops = sum(d.flops for d in chosen)
+    if chosen and ms:
+      print(f'{label}: {len(chosen)} per step, {flops:.4g} FLOP, {ms:.1f} ms traced '
+            f'({flops / ms / 1e6:.1f} GFLOP/s while traced)')
 
 
 if __name__ == '__main__':
