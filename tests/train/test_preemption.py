@@ -53,7 +53,7 @@ def _assert_same_end(a_workdir, b_workdir, step):
 
 
 def test_sigterm_saves_stops_and_the_rerun_is_bit_identical(tmp_path, data_dir):
-  steps = 3000
+  steps = 1500
   straight, stopped = str(tmp_path / 'straight'), str(tmp_path / 'stopped')
   subprocess.run(_command(straight, data_dir, steps), env=_env(), cwd=REPO_ROOT, check=True,
                  capture_output=True, timeout=600)
@@ -96,7 +96,7 @@ def test_a_second_ctrl_c_exits_at_once():
 
 
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(tmp_path, data_dir):
-  steps = 2000
+  steps = 1000
 
   def launch(workdir):
     address = f'127.0.0.1:{_free_port()}'
