@@ -7,15 +7,27 @@ length), and whether it has batch dimensions (the attention's per-head
 products do; the dense layers' do not). Profiler traces name operations the
 same way, so `benchmarks/profile_step.py` can tell the products' time from the
 rest and give their achieved FLOP/s.
+
+`products(compiled.as_text())` lists the same dots one by one, each with its
+operands' shapes as they lie in memory and its dimension numbers, and
+`products_alone_seconds` runs them in a program that holds nothing else:
+`benchmarks/train_step.py` gives their speed there, what the step would reach
+if it were only its products.
 """
 
 import math
 import re
+import time
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
+
 # `  ROOT %name = f32[2,3]{1,0} opcode(operands), attributes`
-_INSTRUCTION = re.compile(r'^\s+(?:ROOT )?%?([\w.\-]+) = (?:\w+)\[([\d,]*)\]\S* ([\w\-]+)\((.*)$')
+_INSTRUCTION = re.compile(
+    r'^\s+(?:ROOT )?%?([\w.\-]+) = (\w+)\[([\d,]*)\](?:\{([\d,]*)[^}]*\})?\S* ([\w\-]+)\((.*)$')
 _HEADER = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) ')
+_OPERANDS = re.compile(r'\s*%?([\w.\-]+)\s*,\s*%?([\w.\-]+)\s*\)')
 
 
 class Dot(NamedTuple):
@@ -23,12 +35,46 @@ class Dot(NamedTuple):
   batched: bool
 
 
-def dot_flops(hlo_text: str) -> dict[str, Dot]:
-  """{operation name: Dot(flops, batched)} for the operations that compute matrix products."""
-  shapes: dict[tuple[str, str], list[int]] = {}
-  in_computation: dict[str, Dot] = {}    # a computation's own products, summed
-  calls: dict[tuple[str, str], str] = {}  # (computation, fusion name) → called computation
-  order: list[tuple[str, str]] = []      # every (computation, instruction), in text order
+class Product(NamedTuple):
+  """One dot, with its operands laid out row-major as they lie in memory in the program.
+
+  `dimension_numbers` are `lax.dot_general`'s, ((lhs contracting, rhs contracting),
+  (lhs batch, rhs batch)), for operands of shapes `lhs_shape` and `rhs_shape`.
+  """
+  lhs_shape: tuple[int, ...]
+  rhs_shape: tuple[int, ...]
+  dimension_numbers: tuple[tuple[tuple[int, ...], tuple[int, ...]],
+                           tuple[tuple[int, ...], tuple[int, ...]]]
+  dtype: str      # the operands' HLO element type, e.g. 'f32' or 'bf16'
+  out_dtype: str
+  flops: int
+
+  @property
+  def batched(self) -> bool:
+    return bool(self.dimension_numbers[1][0])
+
+
+def _dims(rest: str, attribute: str) -> tuple[int, ...]:
+  found = re.search(attribute + r'=\{([\d,]*)\}', rest)
+  return tuple(int(i) for i in found.group(1).split(',') if i) if found else ()
+
+
+def _in_memory(shape: list[int], layout: tuple[int, ...] | None):
+  """The row-major shape of an array as it lies in memory, and where each logical dim went."""
+  if not layout or len(layout) != len(shape):
+    return tuple(shape), list(range(len(shape)))
+  major_to_minor = list(reversed(layout))
+  position = [major_to_minor.index(d) for d in range(len(shape))]
+  return tuple(shape[d] for d in major_to_minor), position
+
+
+def _products_by_operation(hlo_text: str) -> dict[str, list[Product]]:
+  """{top-level operation name: the products it computes}, in the order of the text."""
+  arrays: dict[tuple[str, str], tuple[str, list[int], tuple[int, ...] | None]] = {}
+  in_computation: dict[str, list[Product]] = {}  # a computation's own products
+  own: dict[str, Product] = {}                   # 'computation/name' of a dot → its product
+  calls: dict[tuple[str, str], str] = {}         # (computation, fusion name) → called computation
+  order: list[tuple[str, str]] = []              # every (computation, instruction), in text order
   computation = None
   for line in hlo_text.splitlines():
     if line and not line[0].isspace():
@@ -38,18 +84,26 @@ def dot_flops(hlo_text: str) -> dict[str, Dot]:
     match = _INSTRUCTION.match(line)
     if not match or computation is None:
       continue
-    name, dims, opcode, rest = match.groups()
-    shapes[computation, name] = [int(d) for d in dims.split(',') if d]
+    name, dtype, dims, layout, opcode, rest = match.groups()
+    shape = [int(d) for d in dims.split(',') if d]
+    layout = tuple(int(d) for d in layout.split(',') if d) if layout is not None else None
+    arrays[computation, name] = (dtype, shape, layout)
     order.append((computation, name))
     if opcode == 'dot':
-      lhs = re.match(r'\s*%?([\w.\-]+)', rest).group(1)
-      contracting = re.search(r'lhs_contracting_dims=\{([\d,]*)\}', rest).group(1)
-      lhs_dims = shapes[computation, lhs]
-      length = math.prod(lhs_dims[int(i)] for i in contracting.split(',') if i)
-      dot = Dot(2 * math.prod(shapes[computation, name]) * length, 'lhs_batch_dims=' in rest)
-      in_computation[f'{computation}/{name}'] = dot
-      total = in_computation.get(computation, Dot(0, False))
-      in_computation[computation] = Dot(total.flops + dot.flops, total.batched or dot.batched)
+      lhs, rhs = _OPERANDS.match(rest).groups()
+      (lhs_dtype, lhs_logical, lhs_layout), (_, rhs_logical, rhs_layout) = (
+          arrays[computation, lhs], arrays[computation, rhs])
+      lhs_shape, lhs_at = _in_memory(lhs_logical, lhs_layout)
+      rhs_shape, rhs_at = _in_memory(rhs_logical, rhs_layout)
+      contracting = _dims(rest, 'lhs_contracting_dims')
+      numbers = ((tuple(lhs_at[d] for d in contracting),
+                  tuple(rhs_at[d] for d in _dims(rest, 'rhs_contracting_dims'))),
+                 (tuple(lhs_at[d] for d in _dims(rest, 'lhs_batch_dims')),
+                  tuple(rhs_at[d] for d in _dims(rest, 'rhs_batch_dims'))))
+      flops = 2 * math.prod(shape) * math.prod(lhs_logical[d] for d in contracting)
+      product = Product(lhs_shape, rhs_shape, numbers, lhs_dtype, dtype, flops)
+      own[f'{computation}/{name}'] = product
+      in_computation.setdefault(computation, []).append(product)
     called = re.search(r'calls=%?([\w.\-]+)', rest)
     if opcode == 'fusion' and called:
       calls[computation, name] = called.group(1)
@@ -58,6 +112,70 @@ def dot_flops(hlo_text: str) -> dict[str, Dot]:
   for computation, name in order:
     if (computation, name) in calls and calls[computation, name] in in_computation:
       result[name] = in_computation[calls[computation, name]]
-    elif computation not in fused and f'{computation}/{name}' in in_computation:
-      result[name] = in_computation[f'{computation}/{name}']
+    elif computation not in fused and f'{computation}/{name}' in own:
+      result[name] = [own[f'{computation}/{name}']]
   return result
+
+
+def dot_flops(hlo_text: str) -> dict[str, Dot]:
+  """{operation name: Dot(flops, batched)} for the operations that compute matrix products."""
+  return {name: Dot(sum(p.flops for p in found), any(p.batched for p in found))
+          for name, found in _products_by_operation(hlo_text).items()}
+
+
+def products(hlo_text: str) -> list[Product]:
+  """Every matrix product the program computes (a loop body's once), in the order of the text."""
+  return [p for found in _products_by_operation(hlo_text).values() for p in found]
+
+
+HLO_DTYPES = {'f32': jnp.float32, 'bf16': jnp.bfloat16, 'f16': jnp.float16, 'f64': jnp.float64}
+
+
+def _operand_bytes(product: Product) -> int:
+  itemsize = jnp.dtype(HLO_DTYPES[product.dtype]).itemsize
+  return (math.prod(product.lhs_shape) + math.prod(product.rhs_shape)) * itemsize
+
+
+def groups_within(product_list: list[Product], budget_bytes: int) -> list[list[Product]]:
+  """`product_list` cut, in order, into groups whose operands take at most `budget_bytes` together
+  (a product whose operands alone exceed it is a group of its own)."""
+  groups, used = [], budget_bytes + 1
+  for product in product_list:
+    size = _operand_bytes(product)
+    if used + size > budget_bytes:
+      groups.append([])
+      used = 0
+    groups[-1].append(product)
+    used += size
+  return groups
+
+
+def products_alone_seconds(product_list: list[Product], budget_bytes: int = 1 << 30,
+                           repeats: int = 5) -> float:
+  """Seconds to compute `product_list` (floating point) in jitted programs that
+  hold nothing else, on fresh random operands: each program the median of `repeats` calls,
+  one program per group of products whose operands fit in `budget_bytes`, summed."""
+  total = 0.0
+  key = jax.random.PRNGKey(0)
+  for group in groups_within(product_list, budget_bytes):
+    operands = []
+    for product in group:
+      key, lhs_key, rhs_key = jax.random.split(key, 3)
+      dtype = HLO_DTYPES[product.dtype]
+      operands.append((jax.random.normal(lhs_key, product.lhs_shape, dtype),
+                       jax.random.normal(rhs_key, product.rhs_shape, dtype)))
+
+    def program(operands, group=group):
+      return [jax.lax.dot_general(lhs, rhs, p.dimension_numbers,
+                                  preferred_element_type=HLO_DTYPES[p.out_dtype])
+              for p, (lhs, rhs) in zip(group, operands)]
+
+    compiled = jax.jit(program).lower(operands).compile()
+    jax.block_until_ready(compiled(operands))
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(compiled(operands))
+      times.append(time.perf_counter() - start)
+    total += sorted(times)[len(times) // 2]
+  return total

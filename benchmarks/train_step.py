@@ -6,7 +6,11 @@ r"""Throughput of the train step (and of its input pipeline) for any experiment 
 Prints steps/s and examples/s of the compiled train step in the config's
 parallel mode, the step's FLOPs from XLA's cost analysis, the achieved FLOP/s
 as a fraction of this machine's float32 matmul peak (measured by this script in
-the same run), and the input pipeline's examples/s (and tokens/s for token windows). With several
+the same run), and the input pipeline's examples/s (and tokens/s for token windows).
+With --products_alone (the default) it also runs the step's matrix products, read
+from the compiled step (`benchmarks/hlo_dots.py`), in a program that holds
+nothing else: their speed there is what the step would reach if it were nothing
+but its products, the ceiling its other work and its layouts keep it under. With several
 --dtypes, or the values of one config field given by --sweep, the step is
 measured once per setting, in the same run, and compared.
 
@@ -30,6 +34,7 @@ import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
 
+from benchmarks import hlo_dots
 from train import loop
 from train import xla_cpu
 
@@ -37,6 +42,8 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config fil
 _STEPS = flags.DEFINE_integer('steps', 200, 'Timed train steps.')
 _PIPELINE_BATCHES = flags.DEFINE_integer('pipeline_batches', 200, 'Timed input batches.')
 _DTYPES = flags.DEFINE_list('dtypes', None, 'Compute dtypes to measure (default: the config\'s).')
+_PRODUCTS_ALONE = flags.DEFINE_bool('products_alone', True, 'Also time the step\'s matrix '
+                                    'products alone.')
 _SWEEP = flags.DEFINE_string('sweep', None, 'FIELD:V1,V2,... — measure the step once per value of '
                              'the config field FIELD (e.g. model.unroll:1,4,16).')
 flags.mark_flags_as_required(['config'])
@@ -69,12 +76,14 @@ def measure_step(config, steps: int) -> dict:
     iterator = run.train_iterator()
     host_batch = next(iterator)
 
-    # FLOPs of one global step (the same computation in every mode).
-    global_step = jax.jit(run.train_step_fn())
+    # FLOPs and products of one global step (the same computation in every mode).
+    global_step = jax.jit(run.train_step_fn()).lower(state, par.global_batch(host_batch)).compile()
     if 'unroll' in config.model:
       flops = unrolled_step_flops(config)
     else:
-      flops = step_flops(global_step, state, par.global_batch(host_batch))
+      flops = compiled_flops(global_step)
+    products = [p for p in hlo_dots.products(global_step.as_text())
+                if p.dtype in hlo_dots.HLO_DTYPES]  # floating point
 
     train_step = par.compile_train_step(run.train_step_fn(), abstract)
     state = par.to_run_layout(state)
@@ -93,13 +102,20 @@ def measure_step(config, steps: int) -> dict:
       next(iterator)
     batch_seconds = (time.perf_counter() - start) / _PIPELINE_BATCHES.value
     run.lock.release()
+  del state, metrics, batch
+  alone = hlo_dots.products_alone_seconds(products) if _PRODUCTS_ALONE.value and products else None
   return {'step_seconds': step_seconds, 'flops': flops, 'batch_seconds': batch_seconds,
-          'mode': par.mode, 'devices': par.num_devices}
+          'mode': par.mode, 'devices': par.num_devices, 'products': products,
+          'products_seconds': alone}
 
 
 def step_flops(step_fn, state, batch) -> float:
   """FLOPs of one call of the jitted `step_fn` by XLA's cost analysis."""
-  cost = step_fn.lower(state, batch).compile().cost_analysis()
+  return compiled_flops(step_fn.lower(state, batch).compile())
+
+
+def compiled_flops(compiled) -> float:
+  cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost.get('flops', float('nan')))
 
@@ -186,6 +202,13 @@ def main(argv):
     print(f'  step FLOPs (XLA cost analysis{unrolled}): {r["flops"]:.4g}')
     print(f'  achieved: {achieved / 1e9:.3f} GFLOP/s = {achieved / peak:.2%} of the float32 '
           'matmul peak')
+    if r['products_seconds']:
+      flops = sum(p.flops for p in r['products'])
+      once = ' (a loop body\'s once)' if 'unroll' in config.model else ''
+      alone = flops / r['products_seconds']
+      print(f'  its {len(r["products"])} matrix products alone{once}: {flops:.4g} FLOP '
+            f'({flops / r["flops"]:.1%} of the step\'s) in {r["products_seconds"] * 1e3:.1f} ms, '
+            f'{alone / 1e9:.3f} GFLOP/s = {alone / peak:.2%} of the matmul peak')
     print(f'  input pipeline: {batch_size / r["batch_seconds"]:.0f} examples/s '
           f'({r["step_seconds"] / r["batch_seconds"]:.1f}x the train step)')
   if len(results) > 1:

@@ -4,6 +4,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from benchmarks import hlo_dots
 from benchmarks.hlo_dots import Dot
@@ -27,3 +28,73 @@ def test_every_product_of_a_gradient_is_found_with_its_flops_and_batch_dimension
   entry = text[text.index('ENTRY'):]
   for name in dots:  # top-level operations (what a profiler trace names), not fused inner dots
     assert re.search(rf'%{re.escape(name)} = ', entry), name
+
+
+def test_products_carry_shapes_and_dimension_numbers_that_recompute_each_dot():
+  M, K, F, B, T, S, H = 32, 16, 24, 3, 5, 7, 8
+  args = [jnp.ones(shape) for shape in ((M, K), (K, F), (B, T, H), (B, S, H))]
+  text = jax.jit(jax.value_and_grad(_loss, argnums=(0, 1, 2, 3))).lower(*args).compile().as_text()
+  products = hlo_dots.products(text)
+  assert sorted(p.flops for p in products) == sorted([2 * M * K * F] * 3 + [2 * B * T * S * H] * 3)
+  assert sorted(p.batched for p in products) == [False] * 3 + [True] * 3
+  for p in products:
+    (lhs_contracting, _), (lhs_batch, _) = p.dimension_numbers
+    out = jax.eval_shape(lambda a, b, p=p: jax.lax.dot_general(a, b, p.dimension_numbers),
+                         jax.ShapeDtypeStruct(p.lhs_shape, jnp.float32),
+                         jax.ShapeDtypeStruct(p.rhs_shape, jnp.float32))
+    contracted = np.prod([p.lhs_shape[d] for d in lhs_contracting])
+    assert 2 * np.prod(out.shape) * contracted == p.flops, p
+    assert p.dtype == p.out_dtype == 'f32'
+  # The forward x w, as the program holds it.
+  assert hlo_dots.Product((M, K), (K, F), (((1,), (0,)), ((), ())), 'f32', 'f32',
+                          2 * M * K * F) in products
+
+
+_COLUMN_MAJOR_LHS = '''HloModule m
+
+ENTRY %main (a: f32[3,5], b: f32[2,5,7]) -> f32[2,3,7] {
+  %a = f32[3,5]{0,1} parameter(0)
+  %b = f32[2,5,7]{0,2,1} parameter(1)
+  %dot.1 = f32[3,2,7]{2,1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  ROOT %t = f32[2,3,7]{2,1,0} transpose(%dot.1), dimensions={1,0,2}
+}
+'''
+
+
+def test_operands_laid_out_otherwise_are_given_as_they_lie_in_memory():
+  # a is [3, 5] stored column-major, so in memory it is aᵀ, [5, 3]; b is [2, 5, 7] stored with
+  # its dims ordered 1, 2, 0 from major to minor, so in memory it is [5, 7, 2].
+  (product,) = hlo_dots.products(_COLUMN_MAJOR_LHS)
+  assert (product.lhs_shape, product.rhs_shape) == ((5, 3), (5, 7, 2))
+  assert product.dimension_numbers == (((0,), (0,)), ((), ()))
+  assert product.flops == 2 * 3 * 2 * 7 * 5
+  rng = np.random.default_rng(0)
+  a, b = rng.normal(size=(3, 5)), rng.normal(size=(2, 5, 7))
+  got = jax.lax.dot_general(a.T, b.transpose(1, 2, 0), product.dimension_numbers)
+  np.testing.assert_allclose(got, np.einsum('ik,bkj->ijb', a, b), rtol=1e-5, atol=1e-6)
+
+
+def test_groups_within_a_budget_keep_every_product_in_order():
+  sizes = [(10, 10), (30, 10), (5, 5), (100, 10), (1, 1), (20, 10)]  # lhs shapes; rhs (1, 1)
+  listed = [hlo_dots.Product(s, (1, 1), (((1,), (0,)), ((), ())), 'f32', 'f32', i)
+            for i, s in enumerate(sizes)]
+  budget = 4 * 420
+  groups = hlo_dots.groups_within(listed, budget)
+  assert [p for group in groups for p in group] == listed
+  for group in groups:
+    used = sum(4 * (np.prod(p.lhs_shape) + 1) for p in group)
+    assert used <= budget or len(group) == 1
+  # Each group is as long as the budget allows: the next product would not have fitted.
+  for group, after in zip(groups, groups[1:]):
+    assert sum(4 * (np.prod(p.lhs_shape) + 1) for p in group + after[:1]) > budget
+  assert [[p.flops for p in g] for g in groups] == [[0, 1], [2], [3], [4, 5]]
+
+
+def test_products_alone_run_in_groups_and_take_time():
+  M, K, F = 64, 32, 48
+  listed = [hlo_dots.Product((M, K), (K, F), (((1,), (0,)), ((), ())), 'f32', 'f32', 2 * M * K * F),
+            hlo_dots.Product((M, K), (M, F), (((0,), (0,)), ((), ())), 'f32', 'f32', 2 * M * K * F),
+            hlo_dots.Product((2, M, K), (2, K, F), (((2,), (1,)), ((0,), (0,))), 'bf16', 'f32',
+                             4 * M * K * F)]
+  seconds = hlo_dots.products_alone_seconds(listed, budget_bytes=4 * 2 * M * (K + F), repeats=3)
+  assert 0 < seconds < 10
