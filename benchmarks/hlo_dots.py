@@ -150,26 +150,31 @@ def groups_within(product_list: list[Product], budget_bytes: int) -> list[list[P
   return groups
 
 
+def alone_program(group: list[Product], key: jax.Array):
+  """A function computing the products of `group` and nothing else, and random operands for it."""
+  operands = []
+  for product in group:
+    key, lhs_key, rhs_key = jax.random.split(key, 3)
+    dtype = HLO_DTYPES[product.dtype]
+    operands.append((jax.random.normal(lhs_key, product.lhs_shape, dtype),
+                     jax.random.normal(rhs_key, product.rhs_shape, dtype)))
+
+  def program(operands):
+    return [jax.lax.dot_general(lhs, rhs, p.dimension_numbers,
+                                preferred_element_type=HLO_DTYPES[p.out_dtype])
+            for p, (lhs, rhs) in zip(group, operands)]
+
+  return program, operands
+
+
 def products_alone_seconds(product_list: list[Product], budget_bytes: int = 1 << 30,
                            repeats: int = 5) -> float:
   """Seconds to compute `product_list` (floating point) in jitted programs that
   hold nothing else, on fresh random operands: each program the median of `repeats` calls,
   one program per group of products whose operands fit in `budget_bytes`, summed."""
   total = 0.0
-  key = jax.random.PRNGKey(0)
-  for group in groups_within(product_list, budget_bytes):
-    operands = []
-    for product in group:
-      key, lhs_key, rhs_key = jax.random.split(key, 3)
-      dtype = HLO_DTYPES[product.dtype]
-      operands.append((jax.random.normal(lhs_key, product.lhs_shape, dtype),
-                       jax.random.normal(rhs_key, product.rhs_shape, dtype)))
-
-    def program(operands, group=group):
-      return [jax.lax.dot_general(lhs, rhs, p.dimension_numbers,
-                                  preferred_element_type=HLO_DTYPES[p.out_dtype])
-              for p, (lhs, rhs) in zip(group, operands)]
-
+  for i, group in enumerate(groups_within(product_list, budget_bytes)):
+    program, operands = alone_program(group, jax.random.PRNGKey(i))
     compiled = jax.jit(program).lower(operands).compile()
     jax.block_until_ready(compiled(operands))
     times = []

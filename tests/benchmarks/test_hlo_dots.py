@@ -38,7 +38,7 @@ def test_products_carry_shapes_and_dimension_numbers_that_recompute_each_dot():
   assert sorted(p.flops for p in products) == sorted([2 * M * K * F] * 3 + [2 * B * T * S * H] * 3)
   assert sorted(p.batched for p in products) == [False] * 3 + [True] * 3
   for p in products:
-    (lhs_contracting, _), (lhs_batch, _) = p.dimension_numbers
+    (lhs_contracting, _), _ = p.dimension_numbers
     out = jax.eval_shape(lambda a, b, p=p: jax.lax.dot_general(a, b, p.dimension_numbers),
                          jax.ShapeDtypeStruct(p.lhs_shape, jnp.float32),
                          jax.ShapeDtypeStruct(p.rhs_shape, jnp.float32))
@@ -90,11 +90,19 @@ def test_groups_within_a_budget_keep_every_product_in_order():
   assert [[p.flops for p in g] for g in groups] == [[0, 1], [2], [3], [4, 5]]
 
 
-def test_products_alone_run_in_groups_and_take_time():
+def test_the_alone_program_computes_each_product_and_the_timing_covers_every_group():
   M, K, F = 64, 32, 48
   listed = [hlo_dots.Product((M, K), (K, F), (((1,), (0,)), ((), ())), 'f32', 'f32', 2 * M * K * F),
             hlo_dots.Product((M, K), (M, F), (((0,), (0,)), ((), ())), 'f32', 'f32', 2 * M * K * F),
             hlo_dots.Product((2, M, K), (2, K, F), (((2,), (1,)), ((0,), (0,))), 'bf16', 'f32',
                              4 * M * K * F)]
-  seconds = hlo_dots.products_alone_seconds(listed, budget_bytes=4 * 2 * M * (K + F), repeats=3)
-  assert 0 < seconds < 10
+  program, operands = hlo_dots.alone_program(listed, jax.random.PRNGKey(0))
+  outputs = program(operands)
+  for out, (lhs, rhs), spec in zip(outputs, operands, ('mk,kf->mf', 'mk,mf->kf', 'bmk,bkf->bmf')):
+    lhs, rhs = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+    assert out.dtype == jnp.float32 and np.std(lhs) > 0.5  # random operands, not zeros
+    np.testing.assert_allclose(out, np.einsum(spec, lhs, rhs), rtol=1e-4, atol=1e-4)
+  assert [o.shape for o in outputs] == [(M, F), (K, F), (2, M, F)]
+  budget = 4 * 2 * M * (K + F)  # two groups: the first two products, then the third
+  assert [len(g) for g in hlo_dots.groups_within(listed, budget)] == [2, 1]
+  assert 0 < hlo_dots.products_alone_seconds(listed, budget_bytes=budget, repeats=3) < 10
