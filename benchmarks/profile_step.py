@@ -15,6 +15,7 @@ head), so XLA:CPU's YNNPACK fusions of products are told from its YNNPACK
 fusions of reductions and elementwise work; the products' FLOPs over their
 traced time give the FLOP/s they ran at. XLA:CPU runs independent operations
 side by side, so traced times can overlap: their sum may exceed the step's.
+Over several devices, calls and times are summed over the devices.
 """
 
 import collections
@@ -46,8 +47,8 @@ _TRACE_DIR = flags.DEFINE_string('trace_dir', None, 'Where to keep the trace (de
 flags.mark_flags_as_required(['config'])
 
 # Trace events that are not device operations (Python, runtime bookkeeping).
-_SKIPPED = re.compile(r'^(\$|PjitFunction|ThunkExecutor|TfrtCpu|Execute|jit_|ProcessInputs|'
-                      r'XlaModule|Thunk|end_of_|ExecuteHelper|pjit|\[)')
+_SKIPPED = re.compile(r'^(\$|PjitFunction|CommonPjRt|ThunkExecutor|TfrtCpu|Execute|jit_|'
+                      r'ProcessInputs|XlaModule|Thunk|end_of_|ExecuteHelper|pjit|\[)')
 
 
 def op_kind(name: str) -> str:
@@ -96,6 +97,8 @@ def main(argv):
     lower = getattr(train_step, 'lower', None) or getattr(getattr(train_step, 'jitted', None),
                                                           'lower', None)
     dots = hlo_dots.dot_flops(lower(state, batch).compile().as_text()) if lower else {}
+    # Each local device runs that program, and the trace holds every device's operations.
+    traced_devices = sum(d.process_index == jax.process_index() for d in par.mesh.devices.flat)
     for _ in range(3):
       state, metrics = train_step(state, batch)
     jax.block_until_ready((state, metrics))
@@ -117,10 +120,10 @@ def main(argv):
     chosen = [d for d in dots.values() if batched is None or d.batched == batched]
     ms = sum(r[3] for r in rows if r[0].endswith(('(dot)', '(batched dot)')) and (
         batched is None or r[0].endswith('(batched dot)') == batched))
-    flops = sum(d.flops for d in chosen)
+    flops = sum(d.flops for d in chosen) * traced_devices
     if chosen and ms:
-      print(f'{label}: {len(chosen)} per step, {flops:.4g} FLOP, {ms:.1f} ms traced '
-            f'({flops / ms / 1e6:.1f} GFLOP/s while traced)')
+      print(f'{label}: {len(chosen) * traced_devices} per step, {flops:.4g} FLOP, '
+            f'{ms:.1f} ms traced ({flops / ms / 1e6:.1f} GFLOP/s while traced)')
 
 
 if __name__ == '__main__':

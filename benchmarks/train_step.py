@@ -76,8 +76,7 @@ def measure_step(config, steps: int) -> dict:
     iterator = run.train_iterator()
     host_batch = next(iterator)
 
-    # FLOPs and products of one global step (the same computation in every mode).
-    global_step = jax.jit(run.train_step_fn()).lower(state, par.global_batch(host_batch)).compile()
+    global_step = one_device_step(run, state, host_batch)
     if 'unroll' in config.model:
       flops = unrolled_step_flops(config)
     else:
@@ -107,6 +106,17 @@ def measure_step(config, steps: int) -> dict:
   return {'step_seconds': step_seconds, 'flops': flops, 'batch_seconds': batch_seconds,
           'mode': par.mode, 'devices': par.num_devices, 'products': products,
           'products_seconds': alone}
+
+
+def one_device_step(run, state, host_batch):
+  """`run`'s train step on the whole global batch, compiled for one device.
+
+  Its FLOPs and matrix products are those of one global step in every parallel mode: compiled
+  over several devices, XLA's cost analysis counts one device's share.
+  """
+  device = jax.devices()[0]
+  return jax.jit(run.train_step_fn()).lower(jax.device_put(jax.device_get(state), device),
+                                            jax.device_put(host_batch, device)).compile()
 
 
 def step_flops(step_fn, state, batch) -> float:
