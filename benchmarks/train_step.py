@@ -119,12 +119,8 @@ def one_device_step(run, state, host_batch):
                                             jax.device_put(host_batch, device)).compile()
 
 
-def step_flops(step_fn, state, batch) -> float:
-  """FLOPs of one call of the jitted `step_fn` by XLA's cost analysis."""
-  return compiled_flops(step_fn.lower(state, batch).compile())
-
-
 def compiled_flops(compiled) -> float:
+  """FLOPs of a compiled program by XLA's cost analysis."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost.get('flops', float('nan')))
@@ -148,8 +144,7 @@ def _compiled_flops(config) -> float:
   with tempfile.TemporaryDirectory() as workdir:
     run = loop.setup(config, workdir)
     state = run.parallel.init_state(run.init_fn, run.rng)
-    batch = run.parallel.global_batch(next(run.train_iterator()))
-    flops = step_flops(jax.jit(run.train_step_fn()), state, batch)
+    flops = compiled_flops(one_device_step(run, state, next(run.train_iterator())))
     run.lock.release()
   return flops
 
