@@ -7,7 +7,9 @@ are derived by hand so that `models.backprop` can apply the δ recursion of
 back-propagation (Rumelhart et al. 1986) without automatic differentiation.
 """
 
+import functools
 import math
+import re
 from typing import Callable
 
 import jax
@@ -117,13 +119,71 @@ DERIVATIVES: dict[str, Activation] = {
 }
 
 
+# Activations with a parameter, written `name(value)` (e.g. 'leaky_relu(0.2)'), and the
+# values each allows.
+_PARAMETERS: dict[str, tuple[str, Callable[[float], bool], str]] = {
+    'leaky_relu': ('alpha', lambda a: 0 <= a < 1, 'a slope α in [0, 1)'),
+    'elu': ('alpha', lambda a: a > 0, 'a scale α > 0'),
+}
+_WITH_PARAMETER = re.compile(r'(\w+)\(([^()]*)\)')
+# Maxout is a layer of k affine pieces per unit, not an elementwise function; models.mlp.MLP
+# takes 'maxout(k)' as its activation.
+MAXOUT = 'maxout'
+
+
+def parse(name: str) -> tuple[str, dict[str, float]]:
+  """'leaky_relu(0.2)' → ('leaky_relu', {'alpha': 0.2}); 'relu' → ('relu', {}).
+
+  Raises a ValueError naming the activation and what is allowed when the name is unknown or
+  its parameter is not allowed.
+  """
+  match = _WITH_PARAMETER.fullmatch(name.replace(' ', ''))
+  base, value = match.groups() if match else (name, None)
+  if base not in ACTIVATIONS:
+    raise ValueError(f'Unknown activation {name!r}; allowed: {", ".join(sorted(ACTIVATIONS))}, '
+                     f'{", ".join(f"{n}(α)" for n in sorted(_PARAMETERS))}, or {MAXOUT}(k) in '
+                     f'an MLP.')
+  if value is None:
+    return base, {}
+  if base not in _PARAMETERS:
+    raise ValueError(f'Activation {name!r}: {base} takes no parameter; only '
+                     f'{" and ".join(sorted(_PARAMETERS))} do.')
+  key, allowed, allowed_text = _PARAMETERS[base]
+  try:
+    number = float(value)
+  except ValueError:
+    number = math.nan
+  if not (math.isfinite(number) and allowed(number)):
+    raise ValueError(f'Activation {name!r}: its parameter must be {allowed_text}, got {value!r}.')
+  return base, {key: number}
+
+
 def get(name_or_fn: str | Callable) -> Activation:
-  """Returns the activation called `name_or_fn`, or `name_or_fn` if callable."""
+  """Returns the activation called `name_or_fn` (e.g. 'relu', 'leaky_relu(0.2)', 'elu(0.5)'),
+  or `name_or_fn` if callable."""
   if callable(name_or_fn):
     return name_or_fn
-  if name_or_fn not in ACTIVATIONS:
-    raise ValueError(f'Unknown activation {name_or_fn!r}; allowed: {", ".join(sorted(ACTIVATIONS))}.')
-  return ACTIVATIONS[name_or_fn]
+  _refuse_maxout(name_or_fn)
+  base, options = parse(name_or_fn)
+  return functools.partial(ACTIVATIONS[base], **options) if options else ACTIVATIONS[base]
+
+
+def maxout_pieces(name_or_fn: str | Callable) -> int | None:
+  """k for 'maxout(k)' (k ≥ 1), None for any other activation."""
+  if not isinstance(name_or_fn, str) or not name_or_fn.replace(' ', '').startswith(MAXOUT):
+    return None
+  match = _WITH_PARAMETER.fullmatch(name_or_fn.replace(' ', ''))
+  if not (match and match.group(1) == MAXOUT and match.group(2).isdigit()
+          and int(match.group(2)) >= 1):
+    raise ValueError(f'Activation {name_or_fn!r} must read {MAXOUT}(k) with k ≥ 1 affine '
+                     f'pieces per unit, e.g. {MAXOUT}(2).')
+  return int(match.group(2))
+
+
+def _refuse_maxout(name: str) -> None:
+  if maxout_pieces(name) is not None:
+    raise ValueError(f'Activation {name!r} is a layer of affine pieces (models.layers.Maxout), '
+                     'not an elementwise function: models.mlp.MLP takes it as its activation.')
 
 
 def derivative(name_or_fn: str | Callable) -> Activation:
@@ -138,5 +198,6 @@ def derivative(name_or_fn: str | Callable) -> Activation:
       if fn is name_or_fn:
         return DERIVATIVES[name]
     return jax.grad(lambda x: jnp.sum(name_or_fn(x)))
-  get(name_or_fn)
-  return DERIVATIVES[name_or_fn]
+  _refuse_maxout(name_or_fn)
+  base, options = parse(name_or_fn)
+  return functools.partial(DERIVATIVES[base], **options) if options else DERIVATIVES[base]

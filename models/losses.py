@@ -5,6 +5,8 @@ training step can weight or mask examples. Functions on probability vectors
 treat the last axis as the distribution and every leading axis as a batch axis.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,11 +101,21 @@ def categorical_cross_entropy(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray) -> jnp.nda
 
 
 def lp_distance(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray, order: float = 2.0) -> jnp.ndarray:
-  """L^p distance d_{L^p}(P, Q) = (Σ_i |P(i) - Q(i)|^p)^{1/p} for p ≥ 1."""
-  if isinstance(order, (int, float)) and order < 1:
-    raise ValueError(f'The L^p order must be at least 1, got {order}.')
+  """L^p distance d_{L^p}(P, Q) = (Σ_i |P(i) - Q(i)|^p)^{1/p} for p ≥ 1, and max_i |P(i) - Q(i)|
+  for p = ∞.
+
+  Computed as m (Σ_i (|P(i) - Q(i)| / m)^p)^{1/p} with m the largest difference, so that
+  large orders do not underflow (0.3^100 is below float32's smallest number).
+  """
+  if isinstance(order, (int, float)) and not order >= 1:
+    raise ValueError(f'The L^p order must be at least 1 (or inf), got {order}.')
   _check_same_shape(p_BxC, q_BxC)
-  return jnp.sum(jnp.abs(p_BxC - q_BxC) ** order, axis=-1) ** (1 / order)
+  diff_BxC = jnp.abs(p_BxC - q_BxC)
+  largest_B = jnp.max(diff_BxC, axis=-1)
+  if isinstance(order, (int, float)) and math.isinf(order):
+    return largest_B
+  scale_B = jnp.where(largest_B > 0, largest_B, 1)
+  return largest_B * jnp.sum((diff_BxC / scale_B[..., None]) ** order, axis=-1) ** (1 / order)
 
 
 def total_variation(p_BxC: jnp.ndarray, q_BxC: jnp.ndarray) -> jnp.ndarray:

@@ -18,7 +18,11 @@ class MLP(nn.Module):
 
   Attributes:
     features: widths of every layer, the last one being the output size.
-    activation: name in `models.activations.ACTIVATIONS` or a callable φ.
+    activation: an elementwise φ, by name ('relu', 'leaky_relu(0.2)', 'elu(0.5)', …: see
+      `models.activations.get`) or as a callable; or 'maxout(k)': every hidden unit the
+      largest of k affine pieces (Goodfellow et al. 2013, `models.layers.Maxout`), its
+      `Dense_l` then `width · k` wide, unit j owning columns j·k … j·k + k − 1, and a
+      normalisation applied to the pieces.
     dropout_rate: inverted dropout after every hidden activation.
     batch_norm: batch normalisation before every hidden activation.
     batch_norm_axis_name: mapped axis over which batch statistics are averaged
@@ -48,13 +52,17 @@ class MLP(nn.Module):
       raise ValueError(f'MLP dropout_rate must lie in [0, 1), got {self.dropout_rate}.')
     if self.batch_norm and self.layer_norm:
       raise ValueError('MLP takes batch_norm or layer_norm, not both.')
-    phi = activations.get(self.activation)
+    pieces = activations.maxout_pieces(self.activation)
+    if pieces is None:
+      phi = activations.get(self.activation)
+    else:
+      phi = lambda z: z.reshape(*z.shape[:-1], -1, pieces).max(axis=-1)
     x = x_BxD.reshape(x_BxD.shape[0], -1)
     for width in self.features[:-1]:
       # The submodules are created here, in the MLP's scope, so that wrapping
       # the layer in a Residual does not move their parameters.
       # A bias before batch norm is cancelled by its mean subtraction.
-      dense = nn.Dense(width, use_bias=not self.batch_norm, dtype=self.dtype)
+      dense = nn.Dense(width * (pieces or 1), use_bias=not self.batch_norm, dtype=self.dtype)
       if self.batch_norm:
         norm = nn.BatchNorm(use_running_average=not train, axis_name=self.batch_norm_axis_name,
                             dtype=self.dtype)

@@ -116,6 +116,31 @@ def test_derivative_of_a_registered_callable_is_the_hand_derived_one():
   assert activations.derivative(activations.ACTIVATIONS['gelu']) is activations.gelu_derivative
 
 
+@pytest.mark.parametrize('name, alpha, formula, slope', [
+    ('leaky_relu(0.2)', 0.2, lambda x: np.maximum(0.2 * x, x), lambda x: np.where(x >= 0, 1, 0.2)),
+    ('elu(0.5)', 0.5, lambda x: np.where(x > 0, x, 0.5 * np.expm1(np.minimum(x, 0))),
+     lambda x: np.where(x > 0, 1, 0.5 * np.exp(np.minimum(x, 0))))])
+def test_a_parameter_in_the_name_sets_alpha_of_the_function_and_its_derivative(name, alpha, formula,
+                                                                               slope):
+  x = _points()
+  x64 = x.astype(np.float64)
+  np.testing.assert_allclose(activations.get(name)(jnp.asarray(x)), formula(x64), rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(activations.derivative(name)(jnp.asarray(x)), slope(x64), rtol=RTOL,
+                             atol=ATOL)
+  assert activations.parse(name) == (name.split('(')[0], {'alpha': alpha})
+
+
+@pytest.mark.parametrize('name, message', [
+    ('relu(0.2)', 'relu takes no parameter'), ('leaky_relu(1)', r'slope α in \[0, 1\), got \'1\''),
+    ('elu(-1)', 'α > 0'), ('elu(nan)', 'α > 0'), ('leaky_relu()', 'slope'),
+    ('maxout(2)', 'models.mlp.MLP takes it'), ('maxout(two)', r'maxout\(k\) with k ≥ 1')])
+def test_a_wrong_parameter_is_named_with_what_is_allowed(name, message):
+  with pytest.raises(ValueError, match=message):
+    activations.get(name)
+  with pytest.raises(ValueError, match=message):
+    activations.derivative(name)
+
+
 def test_unknown_name_is_rejected():
   with pytest.raises(ValueError, match="'swish'"):
     activations.get('swish')

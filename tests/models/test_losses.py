@@ -88,6 +88,24 @@ def test_lp_distance_equals_the_seed_sum(order):
   np.testing.assert_allclose(losses.lp_distance(jnp.asarray(p), jnp.asarray(q), order), expected, **TOL)
 
 
+@pytest.mark.parametrize('order', [100.0, 300.0])
+def test_lp_distance_of_a_large_order_does_not_underflow(order):
+  # |d|^order underflows float32 here (0.3^100 ≈ 5e-53): the plain sum would give 0.
+  p, q = np.array([[0.5, 0.3, 0.2], [0.25, 0.25, 0.5]]), np.array([[0.2, 0.3, 0.5], [0.25, 0.5, 0.25]])
+  expected = [sum(abs(a - b) ** order for a, b in zip(p_b, q_b)) ** (1 / order)  # float64
+              for p_b, q_b in zip(p, q)]
+  got = losses.lp_distance(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32), order)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  # The second row has two largest differences of 0.25: 0.25 · 2^(1/p), above the maximum.
+  assert got[1] > 0.25
+
+
+def test_lp_distance_of_order_infinity_is_the_largest_difference():
+  p, q = jnp.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]), jnp.array([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]])
+  np.testing.assert_allclose(losses.lp_distance(p, q, math.inf), [0.3, 0.0], atol=1e-7)
+  np.testing.assert_allclose(losses.lp_distance(p, q, 2.0)[1], 0.0)  # equal rows: no 0/0
+
+
 def test_kl_conventions_for_zero_probabilities():
   p = jnp.array([0.5, 0.5, 0.0])
   q = jnp.array([0.25, 0.75, 0.0])
@@ -190,3 +208,5 @@ def test_bad_arguments_are_rejected():
     losses.mean_squared_error(jnp.zeros((2, 3)), jnp.zeros((3, 2)))
   with pytest.raises(ValueError, match='at least 1'):
     losses.lp_distance(jnp.zeros(3), jnp.zeros(3), 0.5)
+  with pytest.raises(ValueError, match='at least 1'):
+    losses.lp_distance(jnp.zeros(3), jnp.zeros(3), math.nan)

@@ -51,6 +51,42 @@ def test_forward_equals_seed_layer_recursion(activation, features):
   np.testing.assert_allclose(model.apply(variables, x_BxHxW), expected, **TOL)
 
 
+@pytest.mark.parametrize('activation, phi', [('leaky_relu(0.2)', lambda z: np.where(z > 0, z, 0.2 * z)),
+                                              ('elu(0.5)', lambda z: np.where(z > 0, z, 0.5 * np.expm1(z)))])
+def test_an_activation_parameter_given_in_its_name_is_used(activation, phi):
+  features = (5, 3)
+  x_BxD = jax.random.normal(jax.random.key(1), (6, 4))
+  model = MLP(features, activation=activation)
+  variables = _perturbed(model.init(jax.random.key(0), x_BxD))
+  np.testing.assert_allclose(model.apply(variables, x_BxD), _reference(variables, x_BxD, features, phi),
+                             **TOL)
+
+
+@pytest.mark.parametrize('pieces', [1, 3])
+def test_maxout_hidden_units_are_the_largest_of_their_own_pieces(pieces):
+  # Unit j of a hidden layer owns columns j·k … j·k + k − 1 of its Dense layer.
+  def maxout(z_BxHK):
+    return np.stack([np.max([z_BxHK[:, j * pieces + p] for p in range(pieces)], axis=0)
+                     for j in range(z_BxHK.shape[1] // pieces)], axis=1)
+
+  features = (4, 4, 2)  # the second hidden layer has a skip connection
+  x_BxD = jax.random.normal(jax.random.key(1), (6, 3))
+  model = MLP(features, activation=f'maxout({pieces})', residual=True)
+  variables = _perturbed(model.init(jax.random.key(0), x_BxD))
+  assert [variables['params'][f'Dense_{l}']['kernel'].shape for l in range(3)] == [
+      (3, 4 * pieces), (4, 4 * pieces), (4, 2)]
+  expected = _reference(variables, x_BxD, features, maxout, residual=True)
+  np.testing.assert_allclose(model.apply(variables, x_BxD), expected, **TOL)
+
+
+@pytest.mark.parametrize('activation, message', [('maxout(0)', 'k ≥ 1'), ('maxout', 'k ≥ 1'),
+                                                 ('leaky_relu(2)', r'\[0, 1\)'),
+                                                 ('relu(0.1)', 'takes no parameter')])
+def test_a_wrong_activation_is_named_with_what_is_allowed(activation, message):
+  with pytest.raises(ValueError, match=message):
+    MLP((3, 2), activation=activation).init(jax.random.key(0), jnp.ones((1, 4)))
+
+
 def test_residual_adds_skip_connections_where_widths_agree_and_keeps_parameter_names():
   features = (5, 5, 5, 2)
   x_BxD = jax.random.normal(jax.random.key(2), (3, 4))

@@ -1,0 +1,23 @@
+"""The activations figure: a panel per activation and one for a maxout unit, each with its
+derivative, and the PNG is written."""
+
+import numpy as np
+
+from experiments import plot_activations
+from models import activations
+
+
+def test_every_activation_and_a_maxout_unit_are_plotted_with_their_derivatives(tmp_path):
+  path = str(tmp_path / 'activations.png')
+  curves = plot_activations.plot(path)
+  with open(path, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  assert set(curves) == set(activations.ACTIVATIONS) | {'maxout (3 pieces)'}
+  x, phi, slope = (np.asarray(a, np.float64) for a in curves['maxout (3 pieces)'])
+  # The largest of -x, x/2 and 2x - 3: -x below 0, x/2 up to 2, 2x - 3 beyond.
+  np.testing.assert_allclose(phi, np.max([-x, x / 2, 2 * x - 3], axis=0), atol=1e-6)
+  away = (np.abs(x) > 1e-3) & (np.abs(x - 2) > 1e-3)  # off the kinks
+  np.testing.assert_array_equal(slope[away], np.select([x < 0, x < 2], [-1.0, 0.5], 2.0)[away])
+  x, phi, slope = (np.asarray(a, np.float64) for a in curves['elu'])
+  np.testing.assert_allclose(slope[x > 0], 1.0)
+  np.testing.assert_allclose(slope[x < 0], np.exp(x[x < 0]), rtol=1e-5)
