@@ -134,7 +134,8 @@ class TransformerSeq2Seq(nn.Module):
       with learned positions (sinusoidal, rotary and ALiBi ones extrapolate).
     positions: 'sinusoidal' (the paper), 'learned', 'rotary', 'alibi' or 'none'.
     dropout_rate: dropout on the embedding sums and after every sub-layer.
-    pre_norm: pre-LN blocks and a final LayerNorm per stack; False: post-LN (the paper).
+    pre_norm: False (the default): post-LN blocks, as the paper and seed 000's pseudo-code;
+      True: pre-LN blocks and a final LayerNorm per stack (seed 003).
     tie_embeddings: logits = g E_tgtᵀ (the paper); else a separate output layer.
     use_bias: biases in the projections and LayerNorms.
     dtype: compute dtype; parameters, LayerNorms and logits are float32.
@@ -148,7 +149,7 @@ class TransformerSeq2Seq(nn.Module):
   max_length: int = 64
   positions: str = 'sinusoidal'
   dropout_rate: float = 0.0
-  pre_norm: bool = True
+  pre_norm: bool = False
   tie_embeddings: bool = True
   use_bias: bool = True
   dtype: Any = jnp.float32

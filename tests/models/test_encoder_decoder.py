@@ -69,7 +69,8 @@ def _sinusoidal(steps, width):
 
 
 def test_cached_greedy_decoding_equals_decoding_without_the_cache_and_the_whole_prefix():
-  model = _model(tie_embeddings=False)
+  # Pre-LN: with these random parameters post-LN decodes one token over and over.
+  model = _model(tie_embeddings=False, pre_norm=True)
   variables = {'params': _random_params(model)}
   prompt = np.full((3, 1), BOS_ID, np.int32)
   outputs = {use_cache: sampling.generate(
@@ -155,9 +156,10 @@ def _block_outputs(model, params):
   return outputs
 
 
-@pytest.mark.parametrize('pre_norm', [False, True])
+@pytest.mark.parametrize('pre_norm', [None, False, True])
 def test_post_ln_blocks_output_normalised_rows_and_pre_ln_blocks_do_not(pre_norm):
-  model = _model(pre_norm=pre_norm)
+  # None: the default, post-LN as seed 000's pseudo-code.
+  model = _model() if pre_norm is None else _model(pre_norm=pre_norm)
   for stack, (blocks, final) in _block_outputs(model, _random_params(model)).items():
     rows = np.concatenate([np.asarray(b).reshape(-1, model.features) for b in blocks])
     if pre_norm:
@@ -213,9 +215,11 @@ def test_registry_builds_it_with_its_options_and_float32_parameters():
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
   logits = jax.eval_shape(model.apply, variables, TARGETS % 100, SOURCE % 60, LENGTHS)
   assert logits.shape == (3, 6, 100) and logits.dtype == jnp.float32
-  tied = jax.eval_shape(lambda: nn.unbox(_model().init(
+  tied, post_ln = (jax.eval_shape(lambda m=m: nn.unbox(m.init(
       jax.random.PRNGKey(0), TARGETS, SOURCE, LENGTHS)))['params']['decoder']
+                    for m in (_model(pre_norm=True), _model()))
   assert 'output' not in tied and 'final_norm' in tied
+  assert 'final_norm' not in post_ln  # post-LN by default: the blocks end in a LayerNorm
 
 
 @pytest.mark.parametrize('options, message', [
