@@ -12,9 +12,10 @@ LayerNorm after the last block; its gradients at initialisation are well
 scaled, so it trains without warmup at learning rates where post-LN diverges.
 
 FFN(x) = W_2 GELU(W_1 x + b_1) + b_2, hidden width `mlp_dim` (Hendrycks & Gimpel
-2016 for GELU, as in BERT and GPT). Dropout follows every sub-layer (residual
-dropout, §5.4); the attention weights themselves are not dropped, so the exact
-path stays one `jax.nn.dot_product_attention` call.
+2016 for GELU, in its tanh form ½x(1 + tanh(√(2/π)(x + 0.044715x³))), as in BERT's and
+GPT-2's code). Dropout follows every sub-layer (residual dropout, §5.4); the
+attention weights themselves are not dropped, so the exact path stays one
+`jax.nn.dot_product_attention` call.
 """
 
 from typing import Any
