@@ -19,6 +19,9 @@
   final_lr_fraction (the cosine floor as a fraction of the peak).
 """
 
+import math
+import numbers
+
 import jax
 import optax
 
@@ -31,8 +34,7 @@ def validate(config, total_steps: int) -> None:
   """Raises ValueError, in one sentence, for an optimizer block that cannot work."""
   if config.name not in OPTIMIZERS:
     raise ValueError(f'Unknown optimizer {config.name!r}; allowed: {", ".join(OPTIMIZERS)}.')
-  if not config.learning_rate > 0:
-    raise ValueError(f'optimizer.learning_rate must be positive, got {config.learning_rate!r}.')
+  _check_number(config, 'learning_rate', None, lambda v: v > 0, 'positive')
   schedule = config.get('schedule', 'constant')
   if schedule not in SCHEDULES:
     raise ValueError(f'Unknown learning-rate schedule {schedule!r}; allowed: {", ".join(SCHEDULES)}.')
@@ -43,11 +45,57 @@ def validate(config, total_steps: int) -> None:
   if config.get('weight_decay_mask', 'all') not in DECAY_MASKS:
     raise ValueError(f'Unknown optimizer.weight_decay_mask {config.weight_decay_mask!r}; allowed: '
                      f'{", ".join(DECAY_MASKS)}.')
-  if config.get('weight_decay', 0.0) < 0:
-    raise ValueError(f'optimizer.weight_decay must be >= 0, got {config.weight_decay!r}.')
-  if config.get('grad_clip_norm', 0.0) < 0:
-    raise ValueError(f'optimizer.grad_clip_norm must be >= 0 (0 disables clipping), '
-                     f'got {config.grad_clip_norm!r}.')
+  _check_number(config, 'weight_decay', 0.0, lambda v: v >= 0, '>= 0')
+  _check_number(config, 'grad_clip_norm', 0.0, lambda v: v >= 0, '>= 0 (0 disables clipping)')
+  _check_number(config, 'momentum', 0.9, lambda v: 0 <= v < 1, 'in [0, 1)')
+  if config.get('nesterov', False) not in (True, False):
+    raise ValueError(f'optimizer.nesterov must be True or False, got {config.nesterov!r}.')
+  for key, default in (('b1', 0.9), ('b2', 0.999)):
+    _check_number(config, key, default, lambda v: 0 <= v < 1, 'in [0, 1)')
+  _check_number(config, 'eps', 1e-8, lambda v: v >= 0, '>= 0')
+  _check_number(config, 'final_lr_fraction', 0.0, lambda v: 0 <= v <= 1,
+                'in [0, 1] (the cosine floor as a fraction of the peak learning rate)')
+  _check_number(config, 'decay_factor', 0.1, lambda v: v > 0,
+                'positive (the learning rate is multiplied by it at each boundary)')
+  if schedule == 'step':
+    _check_boundaries(config.get('boundaries', (0.5, 0.75)), total_steps)
+
+
+def _check_number(config, key: str, default, in_range, allowed: str) -> None:
+  """Raises ValueError unless optimizer.`key` is a finite number for which `in_range` holds."""
+  value = config.get(key, default)
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    raise ValueError(f'optimizer.{key} must be a finite number that is {allowed}, got {value!r}.')
+  if not in_range(value):
+    raise ValueError(f'optimizer.{key} must be {allowed}, got {value!r}.')
+
+
+def _boundary_steps(boundaries, total_steps: int) -> list[int]:
+  """The steps at which the 'step' schedule decays: boundary b (a fraction of the run) at b·T."""
+  return [int(b * total_steps) for b in boundaries]
+
+
+def _check_boundaries(boundaries, total_steps: int) -> None:
+  """Boundaries are increasing fractions of the run, each on its own step after 0."""
+  if (not isinstance(boundaries, (tuple, list))
+      or not all(isinstance(b, numbers.Real) and not isinstance(b, bool) and 0 < b < 1
+                 for b in boundaries)):
+    raise ValueError(f'optimizer.boundaries must be fractions of the run, each strictly between 0 '
+                     f'and 1 (not step numbers), got {boundaries!r}.')
+  if any(a >= b for a, b in zip(boundaries, boundaries[1:])):
+    raise ValueError(f'optimizer.boundaries must be strictly increasing, got {boundaries!r}.')
+  steps = _boundary_steps(boundaries, total_steps)
+  if steps and steps[0] == 0:
+    raise ValueError(f'optimizer.boundaries {boundaries[0]!r} falls on step 0 of a run of '
+                     f'{total_steps} steps (boundary b decays at step int(b * {total_steps})), so '
+                     f'the peak learning rate would never be used; allowed: fractions >= '
+                     f'1/{total_steps}.')
+  for (a, step_a), (b, step_b) in zip(zip(boundaries, steps), zip(boundaries[1:], steps[1:])):
+    if step_a == step_b:
+      raise ValueError(f'optimizer.boundaries {a!r} and {b!r} both fall on step {step_a} of a run '
+                       f'of {total_steps} steps (boundary b decays at step int(b * {total_steps})), '
+                       f'so only one decay would happen; allowed: boundaries on distinct steps '
+                       f'(fractions at least 1/{total_steps} apart).')
 
 
 def make_schedule(config, total_steps: int) -> optax.Schedule:
@@ -61,7 +109,7 @@ def make_schedule(config, total_steps: int) -> optax.Schedule:
     boundaries = config.get('boundaries', (0.5, 0.75))
     factor = config.get('decay_factor', 0.1)
     return optax.piecewise_constant_schedule(
-        peak, {int(b * total_steps): factor for b in boundaries})
+        peak, {step: factor for step in _boundary_steps(boundaries, total_steps)})
   if schedule == 'cosine':
     return optax.cosine_decay_schedule(peak, total_steps, alpha=floor / peak)
   return optax.warmup_cosine_decay_schedule(

@@ -8,7 +8,8 @@ L_vb + 0.01 · cross-entropy (eq. 5). 16 samples with all 1,000 steps after each
   python -m experiments.main --config=experiments/configs/fashion_mnist_d3pm.py \
       --workdir=workdirs/fashion_mnist_d3pm
 
-`--config.task.transition=uniform` uses the uniform transition matrices instead.
+`--config.task.transition=uniform --config.model.out_channels=2` uses the uniform transition
+matrices instead (two categories, off and on: no mask).
 """
 
 from experiments.configs import fashion_mnist_ddpm

@@ -2,6 +2,8 @@
 best predictor is known in closed form, computed here from the papers' formulas (not from
 models/generative); the d3pm and sampling paths by shape and range; option errors."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -184,3 +186,18 @@ def test_image_grid_places_each_image():
 def test_bad_options_are_refused_in_one_sentence(options, part):
   with pytest.raises(ValueError, match=part.replace('(', r'\(')):
     tasks.build('diffusion', {'features': ('image',)}, **options)
+
+
+@pytest.mark.parametrize('objective, channels, needed', [
+    ('ddpm', 3, '(8, 4, 4, 1)'), ('score_sde', 3, '(8, 4, 4, 1)'), ('cold', 2, '(8, 4, 4, 1)'),
+    ('d3pm', 2, '(8, 4, 4, 3)')])
+def test_a_model_whose_output_does_not_match_the_data_is_refused(objective, channels, needed):
+  # Three channels against one would broadcast into a loss three times too large.
+  task = tasks.build('diffusion', {'features': ('image',)}, objective=objective, num_steps=20)
+  batch = task.preprocess({'image': np.zeros((8, 4, 4, 1), np.uint8)})
+  wrong = Stub(lambda x, t: jnp.zeros(x.shape[:3] + (channels,)))
+  with pytest.raises(ValueError, match=rf'shape \(8, 4, 4, {channels}\) where '
+                                       rf'task.objective=.{objective}. needs {re.escape(needed)}: '
+                                       r'set its output channels \(model.out_channels'):
+    task.loss(wrong, batch)
+

@@ -104,11 +104,65 @@ def test_clipping_by_global_norm():
 @pytest.mark.parametrize('change, fragment', [
     (dict(name='rmsprop'), "Unknown optimizer 'rmsprop'"),
     (dict(learning_rate=0.0), 'learning_rate must be positive'),
+    (dict(learning_rate=float('inf')), 'optimizer.learning_rate must be a finite number'),
     (dict(schedule='linear'), "Unknown learning-rate schedule 'linear'"),
     (dict(schedule='warmup_cosine', warmup_steps=100), 'warmup_steps must be in [0, 100)'),
     (dict(grad_clip_norm=-1.0), 'grad_clip_norm must be >= 0'),
+    (dict(weight_decay=-1e-4), 'optimizer.weight_decay must be >= 0, got -0.0001'),
+    (dict(momentum=-1.0), 'optimizer.momentum must be in [0, 1), got -1.0'),
+    (dict(momentum=1.0), 'optimizer.momentum must be in [0, 1), got 1.0'),
+    (dict(nesterov='yes'), "optimizer.nesterov must be True or False, got 'yes'"),
+    (dict(b1=1.5), 'optimizer.b1 must be in [0, 1), got 1.5'),
+    (dict(b2=1.0), 'optimizer.b2 must be in [0, 1), got 1.0'),
+    (dict(b2=-0.1), 'optimizer.b2 must be in [0, 1), got -0.1'),
+    (dict(b1=float('nan')), 'optimizer.b1 must be a finite number that is in [0, 1), got nan'),
+    (dict(eps=-1.0), 'optimizer.eps must be >= 0, got -1.0'),
+    (dict(final_lr_fraction=2.0), 'optimizer.final_lr_fraction must be in [0, 1]'),
+    (dict(final_lr_fraction=-0.1), 'optimizer.final_lr_fraction must be in [0, 1]'),
+    (dict(decay_factor=-1.0), 'optimizer.decay_factor must be positive'),
+    (dict(decay_factor=0.0), 'optimizer.decay_factor must be positive'),
+    (dict(schedule='step', boundaries=(2, 3)),
+     'optimizer.boundaries must be fractions of the run, each strictly between 0 and 1'),
+    (dict(schedule='step', boundaries=(0.5, 1.0)),
+     'strictly between 0 and 1 (not step numbers), got (0.5, 1.0)'),
+    (dict(schedule='step', boundaries=0.5), 'optimizer.boundaries must be fractions of the run'),
+    (dict(schedule='step', boundaries=(0.75, 0.5)),
+     'optimizer.boundaries must be strictly increasing, got (0.75, 0.5)'),
+    (dict(schedule='step', boundaries=(0.5, 0.5)),
+     'optimizer.boundaries must be strictly increasing, got (0.5, 0.5)'),
+    (dict(schedule='step', boundaries=(0.005, 0.5)),
+     'optimizer.boundaries 0.005 falls on step 0 of a run of 100 steps'),
+    (dict(schedule='step', boundaries=(0.5, 0.505)),
+     'optimizer.boundaries 0.5 and 0.505 both fall on step 50 of a run of 100 steps'),
 ])
 def test_bad_optimizer_config(change, fragment):
   with pytest.raises(ValueError, match=None) as info:
     optim.make_optimizer(_config(**change), 100)
-  assert fragment in str(info.value)
+  message = str(info.value)
+  assert fragment in message
+  assert '\n' not in message and message.endswith('.')
+
+
+def test_boundaries_that_collide_on_a_short_run_name_both_and_the_run_length():
+  # (0.5, 0.6) of 3 steps: int(1.5) = int(1.8) = 1, so the second decay would be lost.
+  with pytest.raises(ValueError) as info:
+    optim.make_optimizer(_config(schedule='step', boundaries=(0.5, 0.6)), 3)
+  message = str(info.value)
+  assert 'optimizer.boundaries 0.5 and 0.6 both fall on step 1 of a run of 3 steps' in message
+  assert 'fractions at least 1/3 apart' in message
+
+
+def test_boundaries_are_only_checked_for_the_step_schedule():
+  # The default (0.5, 0.75) collides on a 2-step run, but a cosine schedule never reads it.
+  optim.validate(_config(schedule='cosine', boundaries=(0.5, 0.75)), 2)
+
+
+def test_step_boundaries_are_fractions_of_the_run_truncated_to_steps():
+  total, peak, factor = 10, 0.2, 0.5
+  schedule = optim.make_schedule(_config(schedule='step', learning_rate=peak,
+                                         boundaries=(0.25, 0.55), decay_factor=factor), total)
+  optim.validate(_config(schedule='step', boundaries=(0.25, 0.55)), total)
+  # Boundary b decays from step int(b·T) on: int(2.5) = 2 and int(5.5) = 5.
+  expected = [peak] * 2 + [peak * factor] * 3 + [peak * factor ** 2] * 6
+  got = [float(schedule(t)) for t in range(total + 1)]
+  np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -136,12 +136,27 @@ class Diffusion(base.Task):
 
       def score_fn(x, t_B):
         _, std = sde.marginal(jnp.zeros_like(x), t_B)
-        return -model(x, t_B).astype(jnp.float32) / std
+        return -self._output(model, x, t_B, x.shape) / std
       return score_fn
     if self.objective == 'd3pm':
       # x_t [B, H, W] categories → logits [B, H, W, K].
-      return lambda x_t, t_B: model(self._network_input(x_t[..., None]), t_B).astype(jnp.float32)
-    return lambda x, t_B: model(x, t_B).astype(jnp.float32)
+      num_classes = self._parts['schedule'].num_classes
+      return lambda x_t, t_B: self._output(model, self._network_input(x_t[..., None]), t_B,
+                                           x_t.shape + (num_classes,))
+    return lambda x, t_B: self._output(model, x, t_B, x.shape)
+
+  def _output(self, model, x, t_B, expected_shape):
+    """model(x, t) in float32, refused (at trace time) unless its shape is `expected_shape`:
+    a network whose output does not match the data would broadcast into a wrong loss."""
+    out = model(x, t_B)
+    if out.shape != tuple(expected_shape):
+      width = 'as many as the data\'s (None)' if self.objective != 'd3pm' else (
+          f'{expected_shape[-1]}, the {self.transition} transition\'s categories')
+      raise ValueError(f'The model\'s output has shape {tuple(out.shape)} where '
+                       f'task.objective={self.objective!r} needs {tuple(expected_shape)}: set its '
+                       f'output channels (model.out_channels of a U-Net, model.out_features of '
+                       f'a TimeMLP) to {width}.')
+    return out.astype(jnp.float32)
 
   def _degrade_fn(self, x0):
     if self.degradation == 'blur':
