@@ -275,6 +275,19 @@ def _check_eps(sde, eps):
     raise ValueError(f'eps={eps} must lie in (0, T={sde.T}).')
 
 
+def min_pc_steps(sde: SDE, predictor: str | None = 'reverse_diffusion',
+                 corrector: str | None = 'langevin', eps: float = 1e-3) -> int:
+  """The fewest steps `pc_sample` can take with these parts: for the VP SDEs, the DDPM step
+  of the reverse-diffusion predictor (VP's √(1 − β(t) h)) and the Langevin corrector's
+  α = 1 − β(t) h (VP and sub-VP) need β(T) h < 1 with h = (T − ε)/num_steps, so more than
+  β(T)(T − ε) steps; otherwise 1. Beyond the limit the samples are NaN."""
+  uses_beta_h = (corrector == 'langevin' and isinstance(sde, VPSDE)) or (
+      predictor == 'reverse_diffusion' and type(sde).discretize is VPSDE.discretize)
+  if not uses_beta_h:
+    return 1
+  return math.floor(float(sde.beta(sde.T)) * (sde.T - eps)) + 1
+
+
 def pc_sample(sde: SDE, score_fn: ScoreFn, shape, key, num_steps: int = 1000,
               predictor: str | None = 'reverse_diffusion', corrector: str | None = 'langevin',
               snr: float = 0.16, corrector_steps: int = 1, eps: float = 1e-3):
@@ -295,6 +308,12 @@ def pc_sample(sde: SDE, score_fn: ScoreFn, shape, key, num_steps: int = 1000,
     raise ValueError('predictor and corrector are both None; give at least one of them.')
   if not snr > 0:
     raise ValueError(f'snr={snr} must be positive.')
+  fewest = min_pc_steps(sde, predictor, corrector, eps)
+  if num_steps < fewest:
+    raise ValueError(f'num_steps={num_steps} is too few for {type(sde).__name__}\'s '
+                     f'predictor={predictor!r} and corrector={corrector!r}: their discrete '
+                     f'β(t)·h must stay below 1 (the samples would be NaN); give at least '
+                     f'{fewest}.')
   predict = {'reverse_diffusion': reverse_diffusion_predictor,
              'euler_maruyama': euler_maruyama_predictor}.get(predictor)
   h = (sde.T - eps) / num_steps

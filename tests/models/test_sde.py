@@ -290,6 +290,27 @@ def test_only_a_linear_ddpm_schedule_gives_a_vp_sde():
     sde_lib.vp_sde_from_ddpm(ddpm.schedule_from_betas(np.geomspace(1e-4, 0.02, 100)))
 
 
+@pytest.mark.parametrize('name, predictor, corrector, fewest', [
+    ('vp', 'reverse_diffusion', 'langevin', 20), ('vp', 'reverse_diffusion', None, 20),
+    ('vp', 'euler_maruyama', 'langevin', 20), ('subvp', 'reverse_diffusion', 'langevin', 20),
+    ('subvp', 'reverse_diffusion', None, 1), ('ve', 'reverse_diffusion', 'langevin', 1)])
+def test_pc_sampler_refuses_exactly_the_step_counts_that_give_nan(name, predictor, corrector,
+                                                                   fewest, monkeypatch):
+  # β(T) h < 1 with β(T) = 20, h = (1 − 0.001)/N: N > 19.98. Sub-VP's predictor steps by
+  # Euler–Maruyama, but its corrector's α = 1 − β(t) h is the VP one.
+  sde = SDES[name]
+  assert sde_lib.min_pc_steps(sde, predictor, corrector) == fewest
+  sample = lambda n: np.asarray(sde_lib.pc_sample(sde, exact_score(sde), (64, 2),
+                                                  jax.random.PRNGKey(0), num_steps=n,
+                                                  predictor=predictor, corrector=corrector))
+  assert np.isfinite(sample(max(fewest, 5))).all()
+  if fewest > 1:
+    with pytest.raises(ValueError, match=f'num_steps={fewest - 1} is too few .* at least {fewest}'):
+      sample(fewest - 1)
+    monkeypatch.setattr(sde_lib, 'min_pc_steps', lambda *args, **kwargs: 1)
+    assert np.isnan(sample(fewest - 1)).any()  # unchecked, one step fewer gives NaN
+
+
 def test_bad_arguments_raise():
   x, key = jnp.zeros((2, 2)), jax.random.PRNGKey(0)
   score = exact_score(SDES['vp'])

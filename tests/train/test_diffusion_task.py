@@ -181,7 +181,8 @@ def test_image_grid_places_each_image():
     ({'num_steps': -1}, 'num_steps must be a non-negative integer'),
     ({'num_steps': 10, 'sample_steps': 11}, 'sample_steps=11 exceeds the 10 steps'),
     ({'input_key': 'pixels'}, "input_key='pixels' is not a feature"),
-    ({'objective': 'score_sde', 'sample_steps': 20}, 'sample_steps=20 is too few for the vp'),
+    ({'objective': 'score_sde', 'sample_steps': 19}, 'sample_steps=19 is too few for the vp'),
+    ({'objective': 'score_sde', 'sde': 'subvp', 'sample_steps': 19}, 'at least 20'),
 ])
 def test_bad_options_are_refused_in_one_sentence(options, part):
   with pytest.raises(ValueError, match=part.replace('(', r'\(')):
@@ -201,3 +202,11 @@ def test_a_model_whose_output_does_not_match_the_data_is_refused(objective, chan
                                        r'set its output channels \(model.out_channels'):
     task.loss(wrong, batch)
 
+
+
+@pytest.mark.parametrize('sde', ['vp', 'subvp'])
+def test_the_fewest_pc_steps_that_work_are_accepted(sde):
+  # 20 steps keep β(T)·h = 20 · 0.999 / 20 below 1 (models/test_sde.py samples them).
+  task = tasks.build('diffusion', {'features': ('image',)}, objective='score_sde', sde=sde,
+                     sample_steps=20)
+  assert task.sample_steps == 20

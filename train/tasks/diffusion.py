@@ -86,11 +86,12 @@ class Diffusion(base.Task):
     if self.sample_steps > max(steps, 1) and self.objective != 'score_sde':
       raise ValueError(f'task.sample_steps={self.sample_steps} exceeds the {steps} steps of '
                        f'the {self.objective} process.')
-    if (self.objective == 'score_sde' and self.sde in ('vp', 'subvp')
-        and 0 < self.sample_steps <= sde_lib.VPSDE().beta_max):
-      raise ValueError(f'task.sample_steps={self.sample_steps} is too few for the {self.sde} '
-                       'SDE\'s reverse-diffusion predictor, whose discrete β(t)·dt must stay '
-                       f'below 1; give more than {sde_lib.VPSDE().beta_max:g}.')
+    if self.objective == 'score_sde' and 0 < self.sample_steps:
+      fewest = sde_lib.min_pc_steps(SDES[self.sde]())  # the sampler of `sample`'s 'pc'
+      if self.sample_steps < fewest:
+        raise ValueError(f'task.sample_steps={self.sample_steps} is too few for the {self.sde} '
+                         'SDE\'s predictor–corrector sampler, whose discrete β(t)·dt must stay '
+                         f'below 1; give at least {fewest}.')
     parts = {'steps': steps}
     if self.objective == 'ddpm':
       parts['schedule'] = ddpm_lib.linear_schedule(steps, self.beta_start, self.beta_end)
