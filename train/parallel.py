@@ -46,6 +46,7 @@ from typing import Callable
 import flax.jax_utils
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
@@ -146,6 +147,9 @@ class Parallel:
       raise ValueError(f"parallel.mode='tensor' needs a mesh with axes ('{AXIS}', "
                        f"'{MODEL_AXIS}') (make_mesh(..., model_parallelism)), got "
                        f'{mesh.axis_names}.')
+    if isinstance(fsdp_min_size, bool) or not isinstance(fsdp_min_size, int) or fsdp_min_size < 0:
+      raise ValueError(f'parallel.fsdp_min_size must be a non-negative integer (arrays of fewer '
+                       f'elements stay replicated), got {fsdp_min_size!r}.')
     self.mode, self.mesh, self.fsdp_min_size = mode, mesh, fsdp_min_size
     self.rules = check_rules(MEGATRON_RULES if logical_axis_rules is None else logical_axis_rules)
     self.replicated = NamedSharding(mesh, P())
@@ -187,8 +191,11 @@ class Parallel:
     state = unbox(state)
     if self.mode != 'fsdp':
       return jax.tree.map(lambda _: self.replicated, state)
+    # Floating-point leaves (parameters, optimiser moments, statistics) are split; the step
+    # count and the random key stay whole, as the host reads them between steps.
     return jax.tree.map(
-        lambda x: NamedSharding(self.mesh, fsdp_spec(x.shape, self.mesh.size, self.fsdp_min_size)),
+        lambda x: NamedSharding(self.mesh, fsdp_spec(x.shape, self.mesh.size, self.fsdp_min_size)
+                                if jnp.issubdtype(x.dtype, jnp.floating) else P()),
         state)
 
   def _logical_sharding(self, path, x) -> NamedSharding:

@@ -91,8 +91,9 @@ class RNNClassifier(nn.Module):
       if self.readout == 'mean':
         summary_BxH = (jnp.sum(jnp.where(valid_BxT[..., None], y_BxTxH, 0), axis=1)
                        / jnp.maximum(jnp.sum(valid_BxT, 1), 1)[:, None])
-      else:
+      else:  # an empty sequence's summary is 0, as with 'mean', not -inf
         summary_BxH = jnp.max(jnp.where(valid_BxT[..., None], y_BxTxH, -jnp.inf), axis=1)
+        summary_BxH = jnp.where(jnp.any(valid_BxT, axis=1)[:, None], summary_BxH, 0.0)
     summary_BxH = nn.Dropout(self.dropout_rate, deterministic=not train)(summary_BxH)
     return nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=jnp.float32)(
         summary_BxH).astype(jnp.float32)
@@ -187,7 +188,8 @@ class _DecoderStep(nn.Module):
       new_carries.append(jax.tree.map(lambda n, o: n.astype(o.dtype), carry, carries[layer]))
     if self.score is None:
       return tuple(new_carries), (x_BxI, jnp.zeros(mask_BxS.shape, jnp.float32))
-    # The output layer sees the state and the context (Luong et al. 2015, eq. 5).
+    # The output layer sees the state and the context, a linear map of [s_t; c_t] (Luong et
+    # al. 2015 put a tanh layer, h̃_t = tanh(W_c [c_t; h_t]), before theirs, eq. 5).
     out_BxO = jnp.concatenate([x_BxI, context_BxH.astype(x_BxI.dtype)], axis=-1)
     return tuple(new_carries), (out_BxO, weights_BxS)
 

@@ -1,4 +1,6 @@
-"""The four recurrent architectures: padding, causality, decoding cache and greedy decoding."""
+"""The four recurrent architectures: padding, causality, decoding cache and greedy decoding, and
+the attentive `Seq2Seq` against a float64 NumPy loop of its encoder, attention and decoder
+equations."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +10,10 @@ import pytest
 from models import registry
 from models.sequence import rnn
 from models.sequence import rnn_models
+from tests.models.test_rnn import CELL_MODULE, carry_of_example, flax_params, hidden
+from tests.models.test_rnn import reference_rnn, seed_step
+from tests.models.test_seq_attention import additive_score, dot_score
+from tests.models.test_seq_attention import reference as attention_loop
 from train import sampling
 
 SOURCE = jax.random.randint(jax.random.PRNGKey(0), (3, 9), 3, 50)
@@ -49,6 +55,122 @@ def test_attention_weights_are_a_distribution_over_the_valid_source():
   valid_BxS = np.arange(9)[None] < np.asarray(LENGTHS)[:, None]
   np.testing.assert_allclose(weights_BxNxS.sum(-1), 1.0, rtol=1e-6)
   assert np.all(np.asarray(weights_BxNxS)[~np.broadcast_to(valid_BxS[:, None], (3, 4, 9))] == 0)
+
+
+# --- Seq2Seq against its equations ---------------------------------------------------------------
+# float32 model against the float64 loop below (2 layers, 9 source and 5 target steps, logits up
+# to 1.9): the largest difference measured is 2.4e-7 (logits) and 2.3e-7 (attention weights). The
+# attention query taken from the bottom decoder layer changes the logits by ≥ 1.2e-3, the context
+# left out of the output layer by ≥ 0.4.
+SEQ2SEQ_TOL = dict(rtol=0, atol=1e-6)
+
+
+def cell_equations(kind, cell_params):
+  """A Flax cell's parameters as the matrices of the cell equations (column vectors, W x), the
+  inverse of `flax_params`; every parameter of the cell is read, as the round trip checks."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), cell_params)
+  w = lambda name: p[name]['kernel'].T
+  if kind == 'lstm':  # Flax's gate letters i, f, g, o are the equations' i, f, c, o.
+    equations = {}
+    for flax_gate, gate in zip('ifgo', 'ifco'):
+      equations.update({f'W_{gate}': w(f'i{flax_gate}'), f'U_{gate}': w(f'h{flax_gate}'),
+                        f'b_{gate}': p[f'h{flax_gate}']['bias']})
+  else:  # rnn.GRUCell: 'input' = [W_r | W_z | W_h] and biases, 'gates' = [U_r | U_z], U_h.
+    equations = dict(zip(('W_r', 'W_z', 'W_h'), np.split(w('input'), 3)),
+                     **dict(zip(('b_r', 'b_z', 'b_h'), np.split(p['input']['bias'], 3))),
+                     **dict(zip(('U_r', 'U_z'), np.split(w('gates'), 2))), U_h=w('candidate'))
+  jax.tree.map(np.testing.assert_array_equal, flax_params(kind, equations), p)
+  return equations
+
+
+def seq2seq_reference(kind, score, params, targets_in_BxN, source_BxS, lengths_B):
+  """Teacher-forced logits [B, N, V] and attention weights [B, N, S] of a `Seq2Seq` from its
+  parameters, one example and one step at a time:
+
+    encoder   h_1 … h_S = the reference RNN on the embedded source ([→h_i ; ←h_i] when
+              bidirectional); decoder layer l starts from encoder layer l's final forward carry
+    step t    c_t = attention(s_{t−1}, h)  with s_{t−1} the TOP decoder layer's previous state
+              layer 1 reads [E y_{t−1} ; c_t], layer l > 1 the state of layer l − 1
+              logits_t = W_o [s_t ; c_t] + b_o
+  """
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  assert set(p) == {'source_input', 'encoder', 'target_embed', 'decoder', 'output'}
+  directions = [d for d in ('forward', 'backward') if f'layer0_{d}' in p['encoder']]
+  num_layers = len(p['encoder']) // len(directions)
+  encoder_cells = [[cell_equations(kind, p['encoder'][f'layer{layer}_{d}'][CELL_MODULE[kind]])
+                    for d in directions] for layer in range(num_layers)]
+  x_BxSxE = p['source_input']['Embed_0']['embedding'][np.asarray(source_BxS)]
+  h_BxSxH, encoder_carries = reference_rnn(kind, encoder_cells, x_BxSxE, lengths_B)
+  mask_BxS = np.arange(h_BxSxH.shape[1])[None] < np.asarray(lengths_B)[:, None]
+  decoder = p['decoder']
+  # 'dot' attention has no parameters.
+  assert set(decoder) - {'attention'} == {f'cell{layer}' for layer in range(num_layers)}
+  decoder_cells = [cell_equations(kind, decoder[f'cell{layer}']) for layer in range(num_layers)]
+  if score == 'dot':
+    assert 'attention' not in decoder
+    score_fn = dot_score
+  else:
+    a = decoder['attention']
+    score_fn = additive_score({'W': a['query']['kernel'].T, 'b': a['query']['bias'],
+                               'U': a['key']['kernel'].T, 'v': a['energy']['kernel'][:, 0]})
+  embed_VxE, w_o, b_o = p['target_embed']['embedding'], p['output']['kernel'].T, p['output']['bias']
+  batch, steps = targets_in_BxN.shape
+  logits_BxNxV = np.zeros((batch, steps, len(b_o)))
+  weights_BxNxS = np.zeros((batch, steps, h_BxSxH.shape[1]))
+  for b in range(batch):
+    carries = [carry_of_example(layer[0], b) for layer in encoder_carries]
+    for t in range(steps):
+      s_prev = hidden(kind, carries[-1])
+      context_1xH, weights_1xS, _ = attention_loop(score_fn, s_prev[None], h_BxSxH[b][None],
+                                                   mask_BxS[b][None])
+      context, weights_BxNxS[b, t] = context_1xH[0], weights_1xS[0]
+      x = np.concatenate([embed_VxE[targets_in_BxN[b, t]], context])  # [E y_{t−1} ; c_t]
+      for layer in range(num_layers):
+        carries[layer] = seed_step(kind, decoder_cells[layer], carries[layer], x)
+        x = hidden(kind, carries[layer])
+      logits_BxNxV[b, t] = w_o @ np.concatenate([x, context]) + b_o  # W_o [s_t ; c_t] + b_o
+  return logits_BxNxV, weights_BxNxS
+
+
+def drawn_parameters(model, *args, seed):
+  """Every parameter `model.init` creates (names and shapes from `eval_shape`: no init program is
+  compiled), drawn anew: kernels U(±1.7/√fan_in), biases and embeddings U(±1), so no bias is 0
+  and a dropped or misplaced term changes the logits; the additive score's v is U(±3)."""
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *args))['params']
+  rng = np.random.default_rng(seed)
+
+  def draw(path, s):
+    if path[-2].key == 'energy':  # attention weights far from uniform
+      scale = 3.0
+    else:
+      scale = 1.7 / np.sqrt(s.shape[0]) if path[-1].key == 'kernel' else 1.0
+    return jnp.asarray(rng.uniform(-scale, scale, s.shape), jnp.float32)
+
+  return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+@pytest.mark.parametrize('cell, attention, bidirectional', [
+    ('lstm', 'dot', False), ('gru', 'dot', False), ('lstm', 'additive', True),
+    ('gru', 'additive', True)])
+def test_seq2seq_logits_follow_the_encoder_decoder_attention_equations(cell, attention,
+                                                                        bidirectional):
+  model = rnn_models.Seq2Seq(64, cell=cell, features=8, num_layers=2, embed_dim=6,
+                             bidirectional_encoder=bidirectional, attention=attention,
+                             attention_features=7)
+  targets = jax.random.randint(jax.random.PRNGKey(3), (3, 5), 3, 64)
+  params = drawn_parameters(model, targets, SOURCE, LENGTHS, seed=4)
+
+  @jax.jit
+  def run(params):
+    logits, state = model.apply({'params': params}, targets, SOURCE, LENGTHS,
+                                mutable=['intermediates'])
+    return logits, state['intermediates']['attention'][0]
+
+  logits_BxNxV, weights_BxNxS = run(params)
+  expected_logits, expected_weights = seq2seq_reference(cell, attention, params,
+                                                        np.asarray(targets), SOURCE, LENGTHS)
+  np.testing.assert_allclose(logits_BxNxV, expected_logits, **SEQ2SEQ_TOL)
+  np.testing.assert_allclose(weights_BxNxS, expected_weights, **SEQ2SEQ_TOL)
 
 
 @pytest.mark.parametrize('attention', ['none', 'additive'])
@@ -104,6 +226,19 @@ def test_classifier_readouts_ignore_padding(readout):
   logits = model.apply(variables, SOURCE, LENGTHS)
   np.testing.assert_allclose(model.apply(variables, _pad_with_noise(SOURCE, LENGTHS), LENGTHS),
                              logits, atol=1e-6)
+
+
+@pytest.mark.parametrize('readout', ['mean', 'max'])
+def test_classifier_summary_of_an_empty_sequence_is_zero(readout):
+  # No valid step: the summary is 0, so the logits are the head's bias (a max over no steps
+  # would be −inf and the logits NaN).
+  model = rnn_models.RNNClassifier(3, cell='gru', features=4, readout=readout, vocab_size=60,
+                                   embed_dim=4)
+  lengths = np.array([5, 0, 2], np.int32)
+  variables = model.init(jax.random.PRNGKey(0), SOURCE, lengths)
+  logits = np.asarray(model.apply(variables, SOURCE, lengths))
+  np.testing.assert_array_equal(logits[1], variables['params']['Dense_0']['bias'])
+  assert np.isfinite(logits).all() and not np.allclose(logits[0], logits[1])
 
 
 def test_classifier_last_readout_is_the_final_states_of_both_directions():

@@ -12,6 +12,7 @@ import jax
 import pytest
 
 from tests.subprocess_util import REPO_ROOT
+from tests.subprocess_util import run_python
 from train import distributed
 
 _SLURM = {'SLURM_JOB_ID': '4242', 'SLURM_STEP_NODELIST': '127.0.0.1', 'SLURM_NTASKS': '2',
@@ -85,6 +86,141 @@ def test_unknown_mode_is_one_sentence(calls):
   with pytest.raises(ValueError, match=r"^Unknown distributed mode 'slurm'; allowed: auto, "
                                        r'manual, off\.$'):
     distributed.initialize(mode='slurm')
+
+
+_ADDRESS_ERROR = ('{} must be HOST:PORT with a port in 1..65535 (e.g. localhost:1234 or '
+                  '[::1]:1234), got {!r}.')
+
+
+@pytest.mark.parametrize('address', ['localhost', 'localhost:abc', 'localhost:0',
+                                     'localhost:65536', 'localhost:', ':1234', '::1:1234',
+                                     'grpc://localhost:1234', 'local host:1234'])
+def test_a_coordinator_not_host_port_is_refused_before_joining(calls, address):
+  with pytest.raises(ValueError) as info:
+    distributed.initialize(address, 1, 0)
+  assert str(info.value) == _ADDRESS_ERROR.format('--coordinator_address', address)
+  assert calls == {'initialize': [], 'config': []}
+
+
+def test_a_coordinator_from_the_environment_is_named_as_such(calls, monkeypatch):
+  monkeypatch.setenv('JAX_COORDINATOR_ADDRESS', 'myhost')
+  monkeypatch.setenv('JAX_NUM_PROCESSES', '1')
+  monkeypatch.setenv('JAX_PROCESS_ID', '0')
+  with pytest.raises(ValueError) as info:
+    distributed.initialize()
+  assert str(info.value) == _ADDRESS_ERROR.format('JAX_COORDINATOR_ADDRESS', 'myhost')
+  assert calls['initialize'] == []
+
+
+@pytest.mark.parametrize('address', ['[::1]:1234', 'localhost:65535', 'node-7.cluster:1',
+                                     '10.0.0.1:8476'])
+def test_host_port_forms_jax_accepts_are_passed_on(calls, address):
+  assert distributed.initialize(address, 2, 1) == 'manual'
+  assert calls['initialize'] == [{'coordinator_address': address, 'num_processes': 2,
+                                  'process_id': 1}]
+
+
+@pytest.mark.parametrize('arguments, environment, message', [
+    ((None, 0), {'JAX_NUM_PROCESSES': 'two'},
+     "JAX_NUM_PROCESSES must be an integer >= 1, got 'two'."),
+    ((2, None), {'JAX_PROCESS_ID': 'first'},
+     "JAX_PROCESS_ID must be an integer in [0, num_processes), got 'first'."),
+    ((None, None), {'JAX_NUM_PROCESSES': '', 'JAX_PROCESS_ID': '0'},
+     "JAX_NUM_PROCESSES must be an integer >= 1, got ''."),
+    ((0, 0), {}, '--num_processes must be an integer >= 1, got 0.'),
+    ((None, 0), {'JAX_NUM_PROCESSES': '-2'}, 'JAX_NUM_PROCESSES must be an integer >= 1, got -2.'),
+    ((2, 2), {}, '--process_id must be an integer in [0, 2) for 2 processes, got 2.'),
+    ((2, None), {'JAX_PROCESS_ID': '-1'},
+     'JAX_PROCESS_ID must be an integer in [0, 2) for 2 processes, got -1.'),
+    ((2.0, 0), {}, '--num_processes must be an integer >= 1, got 2.0.'),
+    ((2, None), {},
+     'The multi-process run at 127.0.0.1:1234 also needs --num_processes (or JAX_NUM_PROCESSES) '
+     'and --process_id (or JAX_PROCESS_ID), got num_processes=2, process_id=None.'),
+])
+def test_a_bad_process_count_or_id_names_its_flag_or_variable(calls, monkeypatch, arguments,
+                                                              environment, message):
+  for name, value in environment.items():
+    monkeypatch.setenv(name, value)
+  with pytest.raises(ValueError) as info:
+    distributed.initialize('127.0.0.1:1234', *arguments)
+  assert str(info.value) == message
+  assert calls == {'initialize': [], 'config': []}
+
+
+def test_process_count_and_id_from_the_environment(calls, monkeypatch):
+  monkeypatch.setenv('JAX_NUM_PROCESSES', '4')
+  monkeypatch.setenv('JAX_PROCESS_ID', '3')
+  assert distributed.initialize('127.0.0.1:1234') == 'manual'
+  assert calls['initialize'] == [{'coordinator_address': '127.0.0.1:1234', 'num_processes': 4,
+                                  'process_id': 3}]
+
+
+@pytest.mark.parametrize('port', ['abc', '0', '70000', ''])
+def test_a_cluster_job_with_a_bad_coordinator_port_is_refused(calls, monkeypatch, port):
+  for name, value in {**_SLURM, 'JAX_COORDINATOR_PORT': port}.items():
+    monkeypatch.setenv(name, value)
+  with pytest.raises(ValueError) as info:
+    distributed.initialize()
+  assert str(info.value) == f'JAX_COORDINATOR_PORT must be an integer in 1..65535, got {port!r}.'
+  assert calls['initialize'] == []
+
+
+def test_a_runtime_failure_to_join_is_one_sentence(calls, monkeypatch):
+  """E.g. a process > 0 whose coordinator never answers (JAX gives up after 5 minutes)."""
+  failure = jax.errors.JaxRuntimeError('DEADLINE_EXCEEDED: Barrier timed out')
+  def fail(**kwargs):
+    raise failure
+  monkeypatch.setattr(jax.distributed, 'initialize', fail)
+  with pytest.raises(ValueError) as info:
+    distributed.initialize('10.0.0.1:1234', 2, 1)
+  assert str(info.value) == ('Could not join the multi-process run at 10.0.0.1:1234 as process 1 '
+                             'of 2: the port may be in use or the coordinator unreachable.')
+  assert info.value.__cause__ is failure
+  for name, value in _SLURM.items():
+    monkeypatch.setenv(name, value)
+  with pytest.raises(ValueError) as info:
+    distributed.initialize()
+  assert str(info.value) == ("Could not join the slurm job's multi-process run: its coordinator "
+                             'port may be in use (JAX_COORDINATOR_PORT picks another) or the '
+                             'coordinator unreachable.')
+  assert info.value.__cause__ is failure
+
+
+@pytest.mark.parametrize('held', ['127.0.0.1', '0.0.0.0'])
+def test_a_coordinator_port_in_use_is_refused_before_joining(calls, held):
+  """jaxlib may crash outright instead of raising when process 0 cannot listen."""
+  with socket.socket() as holder:
+    holder.bind((held, 0))
+    port = holder.getsockname()[1]
+    with pytest.raises(ValueError) as info:
+      distributed.initialize(f'127.0.0.1:{port}', 2, 0)
+    assert calls == {'initialize': [], 'config': []}
+    distributed.initialize(f'127.0.0.1:{port}', 2, 1)  # only process 0 listens
+  assert str(info.value) == (f'Port {port} of --coordinator_address=127.0.0.1:{port} is already '
+                             'in use on this machine, where process 0 starts the coordinator; '
+                             'pick a free port.')
+  assert calls['initialize'] == [{'coordinator_address': f'127.0.0.1:{port}', 'num_processes': 2,
+                                  'process_id': 1}]
+
+
+def test_a_real_coordinator_on_a_free_port_is_joined_and_its_port_then_in_use():
+  """The check against JAX itself, in a child as initialize runs once per process: the port
+  it found free is one JAX listens on, and a second coordinator there is refused."""
+  result = run_python(f"""
+      import json
+      from train import distributed
+      address = '127.0.0.1:{_free_port()}'
+      joined = distributed.initialize(address, 1, 0)
+      try:
+        distributed.initialize(address, 1, 0)
+      except ValueError as e:
+        print(json.dumps({{'joined': joined, 'address': address, 'again': str(e)}}))
+      """, timeout=60)
+  port = result['address'].split(':')[1]
+  assert result == {'joined': 'manual', 'address': result['address'],
+                    'again': f'Port {port} of --coordinator_address={result["address"]} is '
+                             'already in use on this machine, where process 0 starts the '
+                             'coordinator; pick a free port.'}
 
 
 @pytest.fixture

@@ -132,3 +132,31 @@ def test_resnet_batch_norm_unsynchronised_across_devices_differs(results):
 def test_fsdp_shards_params_and_jit_replicates(results):
   assert "P(None, 'data')" in results['classification/fsdp']['param_specs']
   assert results['classification/jit']['param_specs'] == ['P()']
+
+
+def test_fsdp_splits_floating_point_leaves_and_keeps_the_step_and_key_whole():
+  # On two devices a raw key's shape (2,) divides evenly: split, the host's unjitted
+  # fold_in on it failed after the first evaluation.
+  result = run_python('''
+      import json
+      import jax, jax.numpy as jnp
+      from train import parallel
+      par = parallel.Parallel('fsdp', parallel.make_mesh(2), fsdp_min_size=0)
+      state = {'kernel': jax.ShapeDtypeStruct((4, 6), jnp.float32),
+               'moment': jax.ShapeDtypeStruct((6,), jnp.bfloat16),
+               'rng': jax.ShapeDtypeStruct((2,), jnp.uint32),
+               'key': jax.eval_shape(lambda: jax.random.key(0)),
+               'step': jax.ShapeDtypeStruct((), jnp.int32)}
+      shardings = par.state_shardings(state)
+      print(json.dumps({k: str(s.spec) for k, s in shardings.items()}))
+      ''', devices=2)
+  assert result == {'kernel': "P(None, 'data')", 'moment': "P('data',)", 'rng': 'P()', 'key': 'P()',
+                    'step': 'P()'}
+
+
+@pytest.mark.parametrize('value', [-1, 1.5, None, True])
+def test_a_wrong_fsdp_min_size_is_named(value):
+  from train import parallel  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=f'parallel.fsdp_min_size must be a non-negative integer '
+                                       f'.*got {value!r}'):
+    parallel.Parallel('fsdp', parallel.make_mesh(1), fsdp_min_size=value)
