@@ -180,7 +180,8 @@ class Run:
     start_step = int(jax.device_get(state.step))
     total = config.num_train_steps
     if start_step:
-      _say(f'already finished at step {total}' if start_step >= total else
+      _say(f'already finished: the checkpoint is at step {start_step}, of a run of {total}'
+           if start_step >= total else
            f'resuming from step {start_step} of {total}')
     train_step = par.compile_train_step(self.train_step_fn(), abstract)
     eval_step = par.compile_eval_step(self.eval_step_fn(), abstract)
@@ -381,6 +382,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *,
   _check_positive(config, 'num_train_steps', 'global_batch_size', 'eval_batch_size',
                   'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
                   'checkpoints_to_keep', 'grad_accum_steps', 'max_bad_steps')
+  seed = config.get('seed', 0)
+  if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    raise ValueError(f'config.seed must be a non-negative integer, got {seed!r}.')
   ema_decay = config.get('ema_decay', 0.0)
   if not 0 <= ema_decay < 1:
     raise ValueError(f'config.ema_decay must lie in [0, 1) (0 keeps no average), got {ema_decay!r}.')

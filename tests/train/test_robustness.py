@@ -136,7 +136,10 @@ def test_finished_run_says_so_and_eta_uses_this_sessions_rate(data_dir, straight
   workdir = str(tmp_path / 'run')
   shutil.copytree(straight[0], workdir)
   loop.setup(_config(data_dir), workdir).train()
-  assert 'already finished at step 300' in capfd.readouterr().err
+  assert 'already finished: the checkpoint is at step 300, of a run of 300' in capfd.readouterr().err
+  # A shorter run asked for names the checkpoint's step, not the run's end.
+  loop.setup(_config(data_dir, num_train_steps=250), workdir).train()
+  assert 'the checkpoint is at step 300, of a run of 250' in capfd.readouterr().err
   # Resumed at 200 of 400: after 100 more steps the ETA is about the time they took,
   # not (elapsed / 300 done) * 100, which would be a third of it.
   shutil.rmtree(workdir)
@@ -158,6 +161,15 @@ def test_profile_steps_write_a_trace_viewable_in_tensorboard(data_dir, tmp_path)
                     **{'optimizer.warmup_steps': 1}), str(workdir)).train()
   traces = list((workdir / 'profile').rglob('*.xplane.pb'))
   assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize('seed', [-1, None])
+def test_a_bad_seed_is_refused_before_anything_is_written(data_dir, tmp_path, seed):
+  # A negative seed failed in the input pipeline, after the work directory was written.
+  workdir = str(tmp_path / 'w')
+  with pytest.raises(ValueError, match=f'config.seed must be a non-negative integer, got {seed!r}'):
+    loop.setup(_config(data_dir, seed=seed), workdir)
+  assert not os.path.exists(workdir)
 
 
 @pytest.mark.parametrize('steps', [(4, 2), (3,), (-1, 2)])
