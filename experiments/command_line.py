@@ -8,6 +8,7 @@ value of the wrong type, a missing required flag) ending the process with one
 """
 
 import ast
+import dataclasses
 import difflib
 import glob
 import importlib.machinery
@@ -39,6 +40,7 @@ class ConfigFileParser(flags.ArgumentParser):
   """
 
   config = None  # the loaded config, kept to explain a bad override
+  overrides: dict[str, str] = {}  # config path -> its argument, set by `parse_flags`
 
   def __init__(self, name: str):
     self.name = name
@@ -71,9 +73,49 @@ class ConfigFileParser(flags.ArgumentParser):
     if not isinstance(config, ml_collections.ConfigDict):
       raise ConfigError(f'get_config() of {filename!r} returned {type(config).__name__}, '
                         'not an ml_collections.ConfigDict.')
-    config.lock()  # an override of a key the config lacks is an error, not a new key
+    _add_unlisted_options(config, self.overrides)
+    config.lock()  # an override of any other key the config lacks is an error, not a new key
     self.config = config
     return config
+
+
+def _add_unlisted_options(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
+  """Adds to config.task and config.model each option that an override sets, that the config
+  leaves out (at its default) and that the task or model it names takes, with the override's
+  value, so that config_flags can apply the override (e.g. --config.task.beta_end=0.01)."""
+  for path, arg in overrides.items():
+    block, _, key = path.partition('.')
+    if (block not in ('task', 'model') or '=' not in arg or not re.fullmatch(r'\w+', key)
+        or not isinstance(config.get(block), ml_collections.ConfigDict) or key in config[block]):
+      continue
+    name = overrides.get(f'{block}.name', '').partition('=')[2] or config[block].get('name')
+    if key in _options(block, name):
+      config[block][key] = _literal(arg.partition('=')[2])
+
+
+def _options(block: str, name) -> list[str]:
+  """The options of the task (block 'task') or model ('model') called `name`, else []."""
+  # pylint: disable=g-import-not-at-top
+  if block == 'task':
+    from train import tasks
+    cls, builder_given = tasks.TASKS.get(name), ('meta',)
+  else:
+    from models import registry
+    cls, builder_given = registry.MODELS.get(name), ('parent', 'name', 'batch_norm_axis_name')
+  cls = getattr(cls, 'func', cls)  # a preset given as functools.partial
+  if cls is None or not dataclasses.is_dataclass(cls):
+    return []
+  return [f.name for f in dataclasses.fields(cls) if f.init and f.name not in builder_given]
+
+
+def _literal(text: str):
+  """A command-line value as the Python value config_flags will parse it as."""
+  if text.lower() in ('true', 'false'):
+    return text.lower() == 'true'
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
 
 
 def load_config_files_with(flag_name: str = 'config') -> None:
@@ -89,6 +131,7 @@ def parse_flags(argv: list[str], *, doc: str) -> list[str]:
   if help_args:
     print(_help_text(doc, full='full' in help_args[0]))
     sys.exit(0)
+  ConfigFileParser.overrides = _overrides(argv)
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
@@ -175,6 +218,10 @@ def _unknown_key(config: ml_collections.ConfigDict, path: str, arg: str) -> str 
     nearest = _nearest_keys(config, parents, name)
     if nearest:
       sentence += f' (nearest: {", ".join(nearest)})'
+    if parents in (['task'], ['model']) and _options(parent, node.get('name')):
+      kind = 'task' if parent == 'task' else 'model'
+      return (f'{sentence}; the {node.name} {kind} takes: '
+              f'{", ".join(sorted(_options(parent, node.name)))}.')
     return f'{sentence}; every key and its default is in {_DEFAULTS}.'
   return None
 

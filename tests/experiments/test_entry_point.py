@@ -69,6 +69,21 @@ def test_unknown_key_names_the_real_ones_nearby(tmp_path):
       'optimizer.learning_rate); every key and its default is in experiments/configs/default.py.')
 
 
+def test_a_task_or_model_option_the_config_leaves_out_can_be_set(tmp_path):
+  # digits_mlp.py lists neither batch_norm nor layer_norm; both reach the MLP, whose own
+  # check refuses the pair. A misspelt option is still an unknown key, with the real ones.
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--config.model.batch_norm=true',
+                '--config.model.layer_norm=True') == (
+      'error: MLP takes batch_norm or layer_norm, not both.')
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--config.model.layer_norms=1') == (
+      "error: --config.model.layer_norms: config.model has no key 'layer_norms'; the mlp model "
+      'takes: activation, batch_norm, dropout_rate, dtype, features, layer_norm, residual.')
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--config.task.smoothing=0.1') == (
+      "error: --config.task.smoothing: config.task has no key 'smoothing' (nearest: "
+      'task.label_smoothing); the classification task takes: augment, input_key, input_mean, '
+      'input_scale, input_std, label_smoothing.')
+
+
 def test_badly_typed_override(tmp_path):
   assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}',
                 '--config.num_train_steps=abc') == (
