@@ -9,6 +9,7 @@ import matplotlib.colors
 import ml_collections
 import numpy as np
 import pytest
+from scipy import special
 
 from data import augment
 
@@ -30,6 +31,17 @@ def _shifted(image, dy, dx, fill=0.0):
 
 def _keys(n, seed=0):
   return jax.random.split(jax.random.key(seed), n)
+
+
+def _per_example_batches(name, image_HxWxC, batches=19):
+  """`name`, with its default parameters, on `batches` jitted batches of 16 copies of `image`.
+
+  For a 12 x 12 x 3 image this is test_per_example_keys_under_jit's program, compiled once.
+  """
+  transform = augment.TRANSFORMS[name]
+  apply = jax.jit(functools.partial(augment.apply_per_example, transform.fn, p=transform.p))
+  images = np.broadcast_to(image_HxWxC, (16,) + image_HxWxC.shape)
+  return np.concatenate([apply(_keys(16, seed), images) for seed in range(batches)])
 
 
 # Geometry.
@@ -123,6 +135,107 @@ def test_random_crop_is_an_integer_shift_within_the_padding():
     assert len(matches) == 1
     seen.add(matches[0])
   assert len(seen) > 1
+
+
+def _coordinate_image(height, width):
+  """Channels x / W, y / H and 1: a warped copy tells where each of its pixels was read from."""
+  rows, cols = np.meshgrid(np.arange(height), np.arange(width), indexing='ij')
+  return np.stack([cols / width, rows / height, np.ones((height, width))], -1).astype(np.float32)
+
+
+def _drawn_geometry(warped_HxWx3):
+  """The affine parameters that turned `_coordinate_image` into `warped`, by least squares.
+
+  Bilinear resampling reproduces a linear image exactly where the source lies inside, which is
+  where the constant channel is still 1; there the first two channels give the source
+  s = c + A⁻¹ (p - c - t) of each pixel p. The documented A = R(degrees) Sh(shear) scale splits
+  like a QR factorisation: A's first column is scale (cos, -sin), Rᵀ A = scale [[1, tan], [0, 1]].
+  """
+  height, width, _ = warped_HxWx3.shape
+  rows, cols = np.nonzero(np.abs(warped_HxWx3[..., 2] - 1) < 1e-5)
+  assert len(rows) >= 3, 'too few pixels come from inside the image to recover the warp'
+  centre = np.array([(width - 1) / 2, (height - 1) / 2])
+  target_Nx2 = np.stack([cols, rows], axis=1) - centre
+  source_Nx2 = np.stack([warped_HxWx3[rows, cols, 0] * width,
+                         warped_HxWx3[rows, cols, 1] * height], axis=1) - centre
+  design_Nx3 = np.concatenate([target_Nx2, np.ones((len(rows), 1))], axis=1)
+  solution_3x2 = np.linalg.lstsq(design_Nx3, source_Nx2, rcond=None)[0]
+  forward = np.linalg.inv(solution_3x2[:2].T)
+  shift_x, shift_y = -forward @ solution_3x2[2]  # the fitted offset is -A⁻¹ t
+  scale = np.hypot(forward[0, 0], forward[1, 0])
+  theta = np.arctan2(-forward[1, 0], forward[0, 0])
+  unrotated = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]]) @ forward
+  # No vertical shear and one scale for both axes, as documented.
+  np.testing.assert_allclose(unrotated[1] / scale, [0, 1], atol=1e-4)
+  return {'degrees': np.rad2deg(theta), 'scale': scale,
+          'shear_degrees': np.rad2deg(np.arctan(unrotated[0, 1] / scale)),
+          'shift_y': shift_y, 'shift_x': shift_x}
+
+
+_NEUTRAL_GEOMETRY = {'degrees': 0.0, 'scale': 1.0, 'shear_degrees': 0.0, 'shift_y': 0.0,
+                     'shift_x': 0.0}
+_GEOMETRY_ATOL = {'degrees': 1e-3, 'scale': 1e-5, 'shear_degrees': 1e-3, 'shift_y': 1e-3,
+                  'shift_x': 1e-3}
+
+
+def test_drawn_geometry_recovers_known_affine_parameters():
+  params = {'degrees': -35.0, 'scale': 1.2, 'shear_degrees': 12.0, 'shift_y': 1.5, 'shift_x': -2.0}
+  drawn = _drawn_geometry(np.asarray(augment.warp_affine(_coordinate_image(12, 10), **params)))
+  for param, value in params.items():
+    np.testing.assert_allclose(drawn[param], value, atol=_GEOMETRY_ATOL[param])
+
+
+def _assert_uniform_sample(values, low, high, atol):
+  """Within [low, high], near both ends, mean and variance within 5 standard errors of U's.
+
+  For n uniform draws no value lies in a given end twentieth with probability 0.95ⁿ (2e-7 for
+  n = 304). With w = high - low the variance is w²/12 and the fourth central moment w⁴/80, so
+  the sample mean and variance have standard errors w / sqrt(12 n) and w² / sqrt(180 n).
+  """
+  width, n = high - low, len(values)
+  assert low - atol <= values.min() and values.max() <= high + atol, (values.min(), values.max())
+  assert values.min() < low + width / 20 and values.max() > high - width / 20
+  assert abs(values.mean() - (low + high) / 2) < 5 * width / np.sqrt(12 * n)
+  assert abs(values.var(ddof=1) - width ** 2 / 12) < 5 * width ** 2 / np.sqrt(180 * n)
+
+
+# The defaults: max_degrees 15, max_fraction 0.1 (1.2 pixels of 12, 2 of 20: unequal, so
+# swapping height and width shows), scale (0.8, 1.2) for zoom, (0.9, 1.1) and
+# max_shear_degrees 10 for affine.
+@pytest.mark.parametrize('name, width, ranges', [
+    ('rotation', 12, {'degrees': (-15.0, 15.0)}),
+    ('translation', 20, {'shift_y': (-1.2, 1.2), 'shift_x': (-2.0, 2.0)}),
+    ('zoom', 12, {'scale': (0.8, 1.2)}),
+    ('affine', 12, {'degrees': (-15.0, 15.0), 'shift_y': (-1.2, 1.2), 'shift_x': (-1.2, 1.2),
+                    'scale': (0.9, 1.1), 'shear_degrees': (-10.0, 10.0)}),
+])
+def test_geometric_parameters_are_uniform_over_their_documented_ranges(name, width, ranges):
+  warped = _per_example_batches(name, _coordinate_image(12, width))
+  drawn = [_drawn_geometry(example) for example in warped]
+  for param, neutral in _NEUTRAL_GEOMETRY.items():
+    values = np.array([d[param] for d in drawn])
+    if param in ranges:
+      _assert_uniform_sample(values, *ranges[param], atol=_GEOMETRY_ATOL[param])
+    else:
+      np.testing.assert_allclose(values, neutral, atol=_GEOMETRY_ATOL[param])
+
+
+def test_random_crop_offsets_are_uniform_over_the_padding():
+  padding = 4  # the default
+  drawn = [_drawn_geometry(example)
+           for example in _per_example_batches('random_crop', _coordinate_image(12, 12))]
+  for param in ('degrees', 'scale', 'shear_degrees'):
+    np.testing.assert_allclose([d[param] for d in drawn], _NEUTRAL_GEOMETRY[param],
+                               atol=_GEOMETRY_ATOL[param])
+  for param in ('shift_y', 'shift_x'):
+    shifts = np.array([d[param] for d in drawn])
+    offsets = np.round(shifts)
+    np.testing.assert_allclose(shifts, offsets, atol=_GEOMETRY_ATOL[param])
+    assert np.all(np.abs(offsets) <= padding)
+    # Each of the 2 padding + 1 offsets has probability q: Binomial(n, q) counts, 5 sd bounds.
+    counts = np.bincount((offsets + padding).astype(int), minlength=2 * padding + 1)
+    n, q = len(shifts), 1 / (2 * padding + 1)
+    assert np.all(np.abs(counts - n * q) < 5 * np.sqrt(n * q * (1 - q))), counts
 
 
 def test_gaussian_smooth_of_an_impulse_is_a_unit_gaussian():
@@ -244,6 +357,64 @@ def test_cutmix_label_weight_is_the_pasted_area_fraction():
   assert mixed > 0
 
 
+@pytest.mark.parametrize('alpha', [0.2, 2.0])
+def test_mixup_weight_has_the_mean_and_variance_of_beta_alpha_alpha(alpha):
+  # λ ~ Beta(α, α) has mean 1/2, variance σ² = 1/(4 (2α + 1)) and fourth central moment
+  # σ⁴ (3 - 6/(2α + 3)); the bounds are 5 standard errors of the sample mean and variance.
+  # 32 batches of 16, the probability test's batch, so the two share compiled code.
+  batch_size = 16
+  images, labels = _rgb(shape=(batch_size, 8, 8, 3)), np.eye(batch_size, dtype=np.float32)
+  weights = np.concatenate([np.diag(augment.mixup(key, images, labels, alpha)[1])
+                            for key in _keys(32)])  # no example is its own partner: this is λ
+  variance = 1 / (4 * (2 * alpha + 1))
+  fourth = variance ** 2 * (3 - 6 / (2 * alpha + 3))
+  assert np.all((weights >= 0) & (weights <= 1))
+  assert abs(weights.mean() - 0.5) < 5 * np.sqrt(variance / len(weights))
+  assert abs(weights.var(ddof=1) - variance) < 5 * np.sqrt((fourth - variance ** 2) / len(weights))
+
+
+def _cutmix_pasted_law(size, alpha):
+  """Exact law of cutmix's pasted fraction on size x size images: values, probabilities.
+
+  The box side is floor(size sqrt(u)) pixels with u = 1 - λ ~ Beta(α, α), so it is k with
+  probability I(((k + 1)/size)²) - I((k/size)²), I the regularised incomplete beta function; the
+  centre row and column are independent uniform pixels, and the clipped extents are counted.
+  """
+  fractions, probabilities = [], []
+  for side in range(size + 1):
+    probability = (special.betainc(alpha, alpha, min(((side + 1) / size) ** 2, 1))
+                   - special.betainc(alpha, alpha, (side / size) ** 2))
+    extents = np.array([len(set(range(centre - side // 2, centre - side // 2 + side))
+                            & set(range(size))) for centre in range(size)])
+    fraction = np.outer(extents, extents).ravel() / size ** 2
+    fractions.append(fraction)
+    probabilities.append(np.full(fraction.size, probability / fraction.size))
+  return np.concatenate(fractions), np.concatenate(probabilities)
+
+
+@pytest.mark.parametrize('alpha', [0.2, 1.0, 5.0])
+def test_cutmix_pasted_fraction_follows_the_documented_box_law(alpha):
+  batch_size, size = 16, 8
+  values = (np.arange(batch_size) + 1) / (batch_size + 1)
+  images = np.broadcast_to(values[:, None, None, None], (batch_size, size, size, 1))
+  images, labels = images.astype(np.float32), np.eye(batch_size, dtype=np.float32)
+  pasted, own_weights = [], []
+  for key in _keys(32):
+    out_images, out_labels = augment.cutmix(key, images, labels, alpha)
+    # Every example has its own value, so the pasted pixels are those that changed.
+    pasted.append(np.mean(np.asarray(out_images) != images, axis=(1, 2, 3)))
+    own_weights.append(np.diag(out_labels))
+  pasted = np.concatenate(pasted)
+  np.testing.assert_allclose(np.concatenate(own_weights), 1 - pasted, atol=1e-6)
+  # Bounds: 5 standard errors of the sample mean and variance under the exact law.
+  fractions, probabilities = _cutmix_pasted_law(size, alpha)
+  mean = probabilities @ fractions
+  variance = probabilities @ (fractions - mean) ** 2
+  fourth = probabilities @ (fractions - mean) ** 4
+  assert abs(pasted.mean() - mean) < 5 * np.sqrt(variance / len(pasted))
+  assert abs(pasted.var(ddof=1) - variance) < 5 * np.sqrt((fourth - variance ** 2) / len(pasted))
+
+
 # Colour.
 
 
@@ -277,6 +448,40 @@ def test_brightness_multiplies_by_a_factor_in_range():
     np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-5)
     factors.append(ratio.flat[0])
   assert 0.7 <= min(factors) < max(factors) <= 1.3
+
+
+def _drawn_colour_change(name, image_HxWx3, out_HxWx3):
+  """The factor, or hue shift in turns, that turned `image` into `out` by the documented formula.
+
+  Brightness, contrast and saturation scale distances from 0, the mean luma and each pixel's
+  luma; the hue shift is read off matplotlib's HSV.
+  """
+  if name == 'hue':
+    hue_in, hue_out = (matplotlib.colors.rgb_to_hsv(x)[..., 0] for x in (image_HxWx3, out_HxWx3))
+    turns = np.median((hue_out - hue_in + 0.5) % 1 - 0.5)
+    hsv = matplotlib.colors.rgb_to_hsv(image_HxWx3)
+    hsv[..., 0] = (hsv[..., 0] + turns) % 1
+    np.testing.assert_allclose(out_HxWx3, matplotlib.colors.hsv_to_rgb(hsv), atol=1e-5)
+    return turns
+  gray_HxWx1 = (image_HxWx3 @ np.array([0.299, 0.587, 0.114]))[..., None]
+  centre = {'brightness': 0.0, 'contrast': gray_HxWx1.mean(), 'saturation': gray_HxWx1}[name]
+  factor = np.sum((out_HxWx3 - centre) * (image_HxWx3 - centre)) / np.sum(
+      (image_HxWx3 - centre) ** 2)
+  np.testing.assert_allclose(out_HxWx3, centre + factor * (image_HxWx3 - centre), atol=1e-5)
+  return factor
+
+
+# With the defaults, factors are drawn from [0.6, 1.4] and hue shifts from [-0.1, 0.1] turns;
+# the image's values in [0.3, 0.4] stay unclipped.
+@pytest.mark.parametrize('name, low, high', [
+    ('brightness', 0.6, 1.4), ('contrast', 0.6, 1.4), ('saturation', 0.6, 1.4),
+    ('hue', -0.1, 0.1),
+])
+def test_colour_changes_are_uniform_over_their_documented_ranges(name, low, high):
+  image = _rgb(shape=(12, 12, 3), low=0.3, high=0.4)
+  changes = np.array([_drawn_colour_change(name, image, example)
+                      for example in _per_example_batches(name, image)])
+  _assert_uniform_sample(changes, low, high, atol=1e-4)
 
 
 @pytest.mark.parametrize('factor', [0.0, 0.5, 1.7])
