@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from models.attention.core import IN_ATTENTION, key_mask, padding_mask
 from models.transformer.blocks import TokenEmbedding, TransformerBlock, layer_norm, output_logits
-from models.transformer.gpt import check_transformer_options, embed_positions
+from models.transformer.gpt import check_transformer_options, decode_start, embed_positions
 
 
 def _embed(module, embed: TokenEmbedding, tokens_BxT, start, train):
@@ -95,14 +95,7 @@ class TransformerDecoder(nn.Module):
   @nn.compact
   def __call__(self, targets_in_BxN, memory_BxSxD, memory_mask=None, *, train: bool = False,
                decode: bool = False):
-    start = 0
-    if decode:
-      # The position of this call's first target token, for the additive embeddings.
-      is_initialized = self.has_variable('cache', 'position')
-      position = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
-      if is_initialized:
-        start = position.value
-        position.value = start + targets_in_BxN.shape[1]
+    start = decode_start(self, targets_in_BxN.shape[1]) if decode else 0
     embed = TokenEmbedding(self.vocab_size, self.features, self.dtype, name='target_embed')
     y_BxNxD = _embed(self, embed, targets_in_BxN, start, train)
     positions = self.positions if self.positions in IN_ATTENTION else 'none'

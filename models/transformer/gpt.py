@@ -68,6 +68,19 @@ def embed_positions(x_BxTxD, positions: str, max_length: int, start=0):
   return x_BxTxD
 
 
+def decode_start(module: nn.Module, steps: int):
+  """The position of this decoding call's first token: 0 at the cache's first call, which
+  creates the counter ('cache', 'position'), else its value, which then moves on by `steps`.
+  Call it inside the compact method of the module whose additive embeddings it places."""
+  is_initialized = module.has_variable('cache', 'position')
+  position = module.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
+  if not is_initialized:
+    return 0
+  start = position.value
+  position.value = start + steps
+  return start
+
+
 class GPT(nn.Module):
   """Decoder-only Transformer (see module doc).
 
@@ -130,14 +143,7 @@ class GPT(nn.Module):
     x_BxTxD = embed(tokens_BxT)
     if self.scale_embeddings:
       x_BxTxD = x_BxTxD * jnp.sqrt(self.features).astype(x_BxTxD.dtype)
-    start = 0
-    if decode:
-      # The position of this call's first token, for the additive embeddings.
-      is_initialized = self.has_variable('cache', 'position')
-      position = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
-      if is_initialized:
-        start = position.value
-        position.value = start + tokens_BxT.shape[1]
+    start = decode_start(self, tokens_BxT.shape[1]) if decode else 0
     x_BxTxD = embed_positions(x_BxTxD, self.positions, self.max_length, start)
     x_BxTxD = nn.Dropout(self.dropout_rate, deterministic=not train)(x_BxTxD)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ('batch', 'length', 'embed'))
