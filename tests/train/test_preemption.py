@@ -53,7 +53,7 @@ def _assert_same_end(a_workdir, b_workdir, step):
 
 
 def test_sigterm_saves_stops_and_the_rerun_is_bit_identical(tmp_path, data_dir):
-  steps = 1500
+  steps = 600  # the signal comes at step 300 or just after, well before the end
   straight, stopped = str(tmp_path / 'straight'), str(tmp_path / 'stopped')
   subprocess.run(_command(straight, data_dir, steps), env=_env(), cwd=REPO_ROOT, check=True,
                  capture_output=True, timeout=600)
@@ -96,7 +96,7 @@ def test_a_second_ctrl_c_exits_at_once():
 
 
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(tmp_path, data_dir):
-  steps = 1000
+  steps = 500  # the signal comes at step 200 or just after, well before the end
 
   def launch(workdir):
     address = f'127.0.0.1:{_free_port()}'
@@ -113,7 +113,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(tmp_path
 
   stopped = str(tmp_path / 'stopped')
   processes = launch(stopped)
-  _wait_for_checkpoint(stopped, processes, 300)
+  _wait_for_checkpoint(stopped, processes, 200)
   processes[1].send_signal(signal.SIGTERM)
   errs = [p.communicate(timeout=300)[1] for p in processes]
   assert [p.returncode for p in processes] == [1, 128 + signal.SIGTERM], errs[0][-2000:]
