@@ -18,7 +18,7 @@ from data import datasets
 from data import inputs
 from data import pipeline
 from data.builders import associative_recall
-from tests.data.test_datasets import assert_one_sentence
+from tests.messages import assert_one_sentence
 from train import tasks
 
 SIZES = {'train': 20_000, 'validation': 500, 'test': 1_000}

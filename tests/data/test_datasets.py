@@ -23,6 +23,7 @@ from data import datasets
 from data.builders import fashion_mnist
 from data.builders import mnist1d
 from data.builders import tiny_shakespeare
+from tests.messages import assert_one_sentence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OFFLINE_LIMIT_S = 5.0
@@ -218,12 +219,6 @@ def test_data_dir_comes_from_the_environment(tmp_path, monkeypatch):
   monkeypatch.setenv(datasets.DATA_DIR_ENV_VAR, str(tmp_path))
   assert len(datasets.load('digits', 'test')) == 360
   assert (tmp_path / 'jaxlab_digits').is_dir()
-
-
-def assert_one_sentence(message: str, *parts: str) -> None:
-  assert '\n' not in message and message.endswith('.') and message.count('; ') <= 1, message
-  for part in parts:
-    assert part in message, (part, message)
 
 
 def test_missing_local_files_fail_fast_naming_what_to_set(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 from data import datasets
 from data import pipeline
 from data import toy2d
-from tests.data.test_datasets import assert_one_sentence
+from tests.messages import assert_one_sentence
 
 
 def test_records_are_the_mixture_draws(tmp_path):

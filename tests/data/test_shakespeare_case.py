@@ -15,7 +15,7 @@ import pytest
 
 from data import datasets
 from data import pipeline
-from tests.data.test_datasets import assert_one_sentence
+from tests.messages import assert_one_sentence
 from tests.data.test_datasets import shared_folder
 
 SPLITS = ('train', 'validation', 'test')

@@ -14,7 +14,7 @@ import pytest
 from data import pipeline
 from data import text
 from data import tokenizers
-from tests.data.test_datasets import assert_one_sentence
+from tests.messages import assert_one_sentence
 from tests.data.test_datasets import shared_folder
 
 NON_ASCII = 'Naïve café — 東京 と 大阪 🙂 crème brûlée; the quick brown fox.\n' * 4

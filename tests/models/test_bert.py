@@ -12,7 +12,7 @@ import pytest
 from data import tokenizers
 from models import registry
 from models.transformer.bert import BERT, SPECIAL_TOKENS, special_token_id
-from tests.data.test_datasets import assert_one_sentence
+from tests.messages import one_sentence
 from train import step, tasks
 from train.state import init_train_state
 
@@ -30,14 +30,6 @@ def _init(model, tokens, *args):
   """(variables, apply) of `model` initialised on `tokens`."""
   # Tiny models: dispatching op by op costs less than compiling each function.
   return model.init(jax.random.PRNGKey(0), tokens, *args), model.apply
-
-
-def _one_sentence(fn) -> str:
-  """The message of the ValueError `fn` raises, checked to be one sentence."""
-  with pytest.raises(ValueError) as info:
-    fn()
-  assert_one_sentence(str(info.value))
-  return str(info.value)
 
 
 def test_special_ids_follow_the_tokenizer_ids():
@@ -85,7 +77,7 @@ def test_segment_embeddings_only_when_num_segments_is_positive():
   tokens = jnp.array([[CLS, 1, 2, SEP, 3, 4, SEP]] * 2)
   variables, apply = _init(_bert(), tokens)
   assert 'segment_embed' not in variables['params']
-  message = _one_sentence(lambda: apply(variables, tokens, jnp.zeros_like(tokens)))
+  message = one_sentence(lambda: apply(variables, tokens, jnp.zeros_like(tokens)))
   assert 'num_segments=0' in message
 
   variables, apply = _init(_bert(num_segments=2), tokens)
@@ -96,7 +88,7 @@ def test_segment_embeddings_only_when_num_segments_is_positive():
   # No segment ids means segment 0 everywhere; sentence B changes the outputs.
   np.testing.assert_allclose(logits[0], logits_none[0], atol=1e-6, rtol=0)
   assert np.max(np.abs(logits[1] - logits_none[1])) > 1e-3
-  message = _one_sentence(lambda: apply(variables, tokens, sentences_ab[:, :3]))
+  message = one_sentence(lambda: apply(variables, tokens, sentences_ab[:, :3]))
   assert '(2, 3)' in message and '(2, 7)' in message
 
 
@@ -126,14 +118,14 @@ def test_head_is_tied_to_the_token_embedding():
   assert changed[v] > 1e-2 and np.all(np.delete(changed, v) <= 1e-6), changed
 
 
-def test_bad_options_stop_in_one_sentence():
-  assert 'num_segments must be an integer >= 0, got -1' in _one_sentence(
+def test_bad_options_stop_inone_sentence():
+  assert 'num_segments must be an integer >= 0, got -1' in one_sentence(
       lambda: _bert(num_segments=-1))
-  assert 'num_special_tokens=5' in _one_sentence(lambda: _bert(num_special_tokens=5))
-  assert 'divisible by num_heads=3' in _one_sentence(lambda: _bert(num_heads=3))
-  assert "positions='relative'" in _one_sentence(lambda: _bert(positions='relative'))
+  assert 'num_special_tokens=5' in one_sentence(lambda: _bert(num_special_tokens=5))
+  assert 'divisible by num_heads=3' in one_sentence(lambda: _bert(num_heads=3))
+  assert "positions='relative'" in one_sentence(lambda: _bert(positions='relative'))
   model = _bert(max_length=4)
-  message = _one_sentence(lambda: jax.eval_shape(model.init, jax.random.PRNGKey(0),
+  message = one_sentence(lambda: jax.eval_shape(model.init, jax.random.PRNGKey(0),
                                                  jnp.zeros((1, 6), jnp.int32)))
   assert '6 positions exceed max_length=4' in message
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from models import ngram
-from tests.data.test_datasets import assert_one_sentence
+from tests.messages import assert_one_sentence
 
 VOCAB = 'abcde'
 CORPUS = 'abacabadab'

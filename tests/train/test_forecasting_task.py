@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from data import scaling
+from tests.messages import one_sentence
 from train import tasks
 
 SCALER = scaling.Scaler(np.array([340.0], np.float32), np.array([2.0], np.float32))
@@ -14,14 +15,6 @@ SCALER = scaling.Scaler(np.array([340.0], np.float32), np.array([2.0], np.float3
 def _task(kind='pooled', window=3, horizon=2):
   meta = {'series_window': window, 'series_horizon': horizon, 'scaler': SCALER, 'unit': 'ppm'}
   return tasks.build('forecasting', meta, kind=kind)
-
-
-def _one_sentence(fn):
-  with pytest.raises(ValueError) as info:
-    fn()
-  message = str(info.value)
-  assert '\n' not in message and message.endswith('.'), message
-  return message
 
 
 class _Fixed:
@@ -71,18 +64,18 @@ def test_finalize_reports_errors_in_the_series_unit():
   assert out == pytest.approx({'loss': 0.25, 'mae': 0.15, 'mae_ppm': 0.3, 'rmse_ppm': 1.0})
 
 
-def test_options_are_checked_in_one_sentence():
-  assert "task.kind must be one of pooled, shifted, got 'direct'" in _one_sentence(
+def test_options_are_checked_inone_sentence():
+  assert "task.kind must be one of pooled, shifted, got 'direct'" in one_sentence(
       lambda: _task('direct'))
-  assert 'config.data.series_window' in _one_sentence(
+  assert 'config.data.series_window' in one_sentence(
       lambda: tasks.build('forecasting', {'features': ('x', 'label')}))
-  assert "task.kind='shifted' needs config.data.series_horizon=1" in _one_sentence(
+  assert "task.kind='shifted' needs config.data.series_horizon=1" in one_sentence(
       lambda: _task('shifted', horizon=2))
 
 
-def test_a_model_output_of_the_wrong_shape_is_one_sentence():
+def test_a_model_output_of_the_wrong_shape_isone_sentence():
   task = _task('pooled', window=3, horizon=2)
   batch = task.preprocess({'values': np.zeros((2, 5)), 'weights': np.ones((2, 4))})
-  message = _one_sentence(lambda: task.loss(_Fixed(np.zeros((2, 3))), batch))
+  message = one_sentence(lambda: task.loss(_Fixed(np.zeros((2, 3))), batch))
   assert message == ('The pooled forecasting task needs model outputs of shape (2, 2) (one value '
                      'per horizon), got (2, 3).')

@@ -15,7 +15,7 @@ import pytest
 
 from data import text, tokenizers
 from models.transformer.bert import SPECIAL_TOKENS
-from tests.data.test_datasets import assert_one_sentence
+from tests.messages import one_sentence
 from train import step, tasks
 from train.state import init_train_state
 
@@ -29,14 +29,6 @@ def _task(vocab_size=5, counts=None, **options):
   counts = np.ones(vocab_size, np.int64) if counts is None else np.asarray(counts)
   return tasks.build('masked_language_model', {'tokenizer': tokenizer, 'token_counts': counts},
                      **options)
-
-
-def _one_sentence(fn) -> str:
-  """The message of the ValueError `fn` raises, checked to be one sentence."""
-  with pytest.raises(ValueError) as info:
-    fn()
-  assert_one_sentence(str(info.value))
-  return str(info.value)
 
 
 def _within(count, n, p, sigmas=5.0):
@@ -197,7 +189,7 @@ def test_loss_is_the_token_weighted_cross_entropy_at_the_chosen_positions():
 def test_a_model_without_the_special_tokens_is_refused():
   task = _task()
   batch = _masked(task, np.array([[CLS, A, B, SEP]]))
-  message = _one_sentence(lambda: task.loss(_Fixed(np.zeros((1, 4, 5))), batch))
+  message = one_sentence(lambda: task.loss(_Fixed(np.zeros((1, 4, 5))), batch))
   assert '(9)' in message and 'gives 5' in message and 'num_special_tokens=4' in message
 
 
@@ -263,15 +255,15 @@ def test_steps_draw_fresh_masks_and_evaluation_repeats_its_masks():
     ({'replace_probabilities': (1.1, -0.1, 0.0)}, 'got (1.1, -0.1, 0.0)'),
     ({'use_cls_sep': 'yes'}, "task.use_cls_sep must be True or False, got 'yes'"),
 ])
-def test_bad_options_stop_in_one_sentence(options, fragment):
-  assert fragment in _one_sentence(lambda: _task(**options))
+def test_bad_options_stop_inone_sentence(options, fragment):
+  assert fragment in one_sentence(lambda: _task(**options))
 
 
 def test_the_task_needs_text_data_and_its_token_counts():
-  assert 'config.data.tokenizer' in _one_sentence(
+  assert 'config.data.tokenizer' in one_sentence(
       lambda: tasks.build('masked_language_model', {'features': ('image', 'label')}))
   tokenizer = tokenizers.CharTokenizer(list('abcde'))
-  message = _one_sentence(lambda: tasks.build('masked_language_model',
+  message = one_sentence(lambda: tasks.build('masked_language_model',
                                               {'tokenizer': tokenizer,
                                                'token_counts': np.ones(4)}))
   assert 'token_counts' in message and '(4,)' in message and '5 token ids' in message

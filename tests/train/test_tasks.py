@@ -8,38 +8,31 @@ import numpy as np
 import pytest
 
 from data import tokenizers
+from tests.messages import one_sentence
 from train import tasks
 
 
-def _one_sentence(fn):
-  with pytest.raises(ValueError) as info:
-    fn()
-  message = str(info.value)
-  assert '\n' not in message and message.endswith('.'), message
-  return message
-
-
 def test_unknown_task_and_unknown_option():
-  assert "'regression'" in _one_sentence(lambda: tasks.build('regression'))
-  message = _one_sentence(lambda: tasks.build('classification', label_smooth=0.1))
+  assert "'regression'" in one_sentence(lambda: tasks.build('regression'))
+  message = one_sentence(lambda: tasks.build('classification', label_smooth=0.1))
   assert "'label_smooth'" in message and 'label_smoothing' in message
 
 
 @pytest.mark.parametrize('value', [2.0, -0.1, 1.0])
 def test_label_smoothing_outside_the_unit_interval_is_refused(value):
-  message = _one_sentence(lambda: tasks.build('classification', label_smoothing=value))
+  message = one_sentence(lambda: tasks.build('classification', label_smoothing=value))
   assert f'task.label_smoothing must lie in [0, 1), got {value!r}' in message
 
 
 def test_input_key_must_be_a_feature():
-  message = _one_sentence(lambda: tasks.build('classification', {'features': ('x', 'label')},
+  message = one_sentence(lambda: tasks.build('classification', {'features': ('x', 'label')},
                                               input_key='image'))
   assert "'image'" in message and 'label, x' in message
 
 
 def test_classification_needs_labels_without_printing_the_data():
   meta = {'features': ('text',)}
-  message = _one_sentence(lambda: tasks.build('classification', meta, input_key='text'))
+  message = one_sentence(lambda: tasks.build('classification', meta, input_key='text'))
   assert 'label' in message and len(message) < 200
 
 
@@ -95,12 +88,12 @@ def test_language_model_bits_per_char_equal_bits_per_token_for_characters():
 
 def test_language_model_options_are_checked():
   tokenizer = tokenizers.CharTokenizer(list('ab'))
-  assert "'z'" in _one_sentence(lambda: _lm(tokenizer, prompt='z'))
+  assert "'z'" in one_sentence(lambda: _lm(tokenizer, prompt='z'))
   _lm(tokenizer, prompt='z', sample_length=0)  # no sampling, no prompt to encode
-  assert 'top_p' in _one_sentence(lambda: _lm(tokenizer, top_p=1.5))
-  assert 'temperature' in _one_sentence(lambda: _lm(tokenizer, temperature=-1.0))
-  assert 'sample_length' in _one_sentence(lambda: _lm(tokenizer, sample_length=-3))
-  message = _one_sentence(lambda: tasks.build('language_model', {}))
+  assert 'top_p' in one_sentence(lambda: _lm(tokenizer, top_p=1.5))
+  assert 'temperature' in one_sentence(lambda: _lm(tokenizer, temperature=-1.0))
+  assert 'sample_length' in one_sentence(lambda: _lm(tokenizer, sample_length=-3))
+  message = one_sentence(lambda: tasks.build('language_model', {}))
   assert 'config.data.tokenizer' in message
 
 
@@ -136,12 +129,12 @@ def test_normalisation_follows_augmentation():
 
 def test_normalisation_options_are_checked():
   meta = {'features': ('image', 'label'), 'num_classes': 3}
-  message = _one_sentence(lambda: tasks.build('classification', meta, input_mean=(0.5, 0.5),
+  message = one_sentence(lambda: tasks.build('classification', meta, input_mean=(0.5, 0.5),
                                                input_std=(0.5,)))
   assert 'input_mean' in message and 'input_std' in message
-  assert 'positive' in _one_sentence(lambda: tasks.build('classification', meta, input_mean=(0.5,),
+  assert 'positive' in one_sentence(lambda: tasks.build('classification', meta, input_mean=(0.5,),
                                                          input_std=(0.0,)))
   task = tasks.build('classification', meta, input_mean=(0.5, 0.5, 0.5), input_std=(1.0, 1.0, 1.0))
   batch = {'input': jnp.zeros((2, 4, 4, 1)), 'label': jnp.zeros(2, jnp.int32)}
-  message = _one_sentence(lambda: task.transform({}, batch, False))
+  message = one_sentence(lambda: task.transform({}, batch, False))
   assert '3 values' in message and '1 channels' in message
