@@ -13,7 +13,7 @@ from scipy import stats
 from models import registry
 from models.generative import autoencoders
 from models.generative import likelihood
-from tests.train.test_tasks import _one_sentence
+from tests.messages import one_sentence
 
 SHAPE = (4, 3, 1)  # one image: D = 12 pixels
 
@@ -73,7 +73,7 @@ def test_bits_per_dim_golden_values():
   assert likelihood.bits_per_dim(0.0, d) == pytest.approx(8.0)
   assert likelihood.bits_per_dim(d * math.log(2) * 1.5, d) == pytest.approx(9.5)
   assert likelihood.bits_per_dim(d * math.log(2), d, levels=2) == pytest.approx(2.0)
-  assert 'dimensions' in _one_sentence(lambda: likelihood.bits_per_dim(1.0, 0))
+  assert 'dimensions' in one_sentence(lambda: likelihood.bits_per_dim(1.0, 0))
 
 
 def test_dequantize_stays_in_the_pixels_bin_and_is_uniform():
@@ -134,15 +134,15 @@ def test_presets_and_their_defaults():
 
 def test_bad_options_and_inputs_are_one_sentence():
   x = images()
-  message = _one_sentence(lambda: autoencoders.Autoencoder(image_shape=(28, 28, 1)).init(
+  message = one_sentence(lambda: autoencoders.Autoencoder(image_shape=(28, 28, 1)).init(
       jax.random.PRNGKey(0), x))
   assert 'image_shape=(4, 3, 1)' in message
-  assert 'latent_dim' in _one_sentence(lambda: autoencoders.Autoencoder(
+  assert 'latent_dim' in one_sentence(lambda: autoencoders.Autoencoder(
       latent_dim=0, image_shape=SHAPE).init(jax.random.PRNGKey(0), x))
-  message = _one_sentence(lambda: registry.build('vae', decoder='poisson', image_shape=SHAPE).init(
+  message = one_sentence(lambda: registry.build('vae', decoder='poisson', image_shape=SHAPE).init(
       {'params': jax.random.PRNGKey(0), 'latent': jax.random.PRNGKey(1)}, x))
   assert "'poisson'" in message and 'bernoulli, gaussian' in message
-  assert 'num_samples' in _one_sentence(lambda: registry.build('vae', image_shape=SHAPE).init(
+  assert 'num_samples' in one_sentence(lambda: registry.build('vae', image_shape=SHAPE).init(
       {'params': jax.random.PRNGKey(0), 'latent': jax.random.PRNGKey(1)}, x, num_samples=0))
 
 

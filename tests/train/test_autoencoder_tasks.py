@@ -21,7 +21,7 @@ from train.state import init_train_state
 from train.tasks import base
 from tests.models.test_autoencoders import SHAPE, images
 from tests.subprocess_util import run_python
-from tests.train.test_tasks import _one_sentence
+from tests.messages import one_sentence
 
 B = 6  # examples per test batch
 
@@ -116,7 +116,7 @@ def test_penalties_need_a_model_they_apply_to():
                                   (linear_code, 'sparsity_weight', "code_activation='linear'")):
     task = tasks.build('autoencoder', **{option: 1.0})
     params = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)['params']
-    message = _one_sentence(lambda: jax.eval_shape(
+    message = one_sentence(lambda: jax.eval_shape(
         lambda p: task.loss(_bind(model, p), {'input': x}), params))
     assert 'Autoencoder' in message and expected in message
 
@@ -131,7 +131,7 @@ def test_penalties_need_a_model_they_apply_to():
     (dict(reconstruction='l1'), 'bernoulli, squared_error'),
 ])
 def test_autoencoder_options_are_checked(options, expected):
-  assert expected in _one_sentence(lambda: tasks.build('autoencoder', **options))
+  assert expected in one_sentence(lambda: tasks.build('autoencoder', **options))
 
 
 def test_corruption_comes_from_the_corruption_stream_in_training_only():
@@ -356,8 +356,8 @@ def test_vae_options_are_checked():
                             (dict(iwae_samples=2.5), 'task.iwae_samples'),
                             (dict(dequantize='yes'), 'task.dequantize'),
                             (dict(iwae=3), "'iwae'")):
-    assert expected in _one_sentence(lambda: tasks.build('vae', **options))
-  assert "'pixels'" in _one_sentence(lambda: tasks.build('vae', {'features': ('image', 'label')},
+    assert expected in one_sentence(lambda: tasks.build('vae', **options))
+  assert "'pixels'" in one_sentence(lambda: tasks.build('vae', {'features': ('image', 'label')},
                                                          input_key='pixels'))
 
 
@@ -439,12 +439,9 @@ def parallel_run(request):
              for item in request.session.items):
     yield None
     return
-  # Light XLA optimisation: the compilations (five, tiny) dominate the child's time, and the
-  # one-device reference compiles with the same flags as the runs it is compared with.
-  flags = ('--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 '
-           '--xla_llvm_disable_expensive_passes=true')
+  # The compilations (five, tiny) dominate the child's time.
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    yield pool.submit(run_python, _SPARSE_AUTOENCODER_STEPS, devices=8, env={'XLA_FLAGS': flags})
+    yield pool.submit(run_python, _SPARSE_AUTOENCODER_STEPS, devices=8, fast_compile=True)
 
 
 @pytest.fixture(scope='module')

@@ -42,7 +42,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope='module')
 def draws():
-  return run_python(_DRAW_ON_8_DEVICES, devices=8)
+  return run_python(_DRAW_ON_8_DEVICES, devices=8, fast_compile=True)
 
 
 @pytest.mark.parametrize('mode', ['jit', 'shard_map', 'pmap'])

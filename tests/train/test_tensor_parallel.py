@@ -183,15 +183,10 @@ print(json.dumps(out))
 '''
 
 
-# LLVM optimisations off: the steps compile in half the time; every run compiles alike.
-_XLA_FLAGS = ('--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 '
-              '--xla_llvm_disable_expensive_passes=true')
-
-
 @pytest.fixture(scope='module')
 def results():
   # ~55 s of CPU; the generous timeout is for a machine busy with other work.
-  return run_python(_CHILD, devices=8, env={'XLA_FLAGS': _XLA_FLAGS}, timeout=1800)
+  return run_python(_CHILD, devices=8, fast_compile=True, timeout=1800)
 
 
 @pytest.mark.parametrize('kind, mesh', [('gpt', '4x2'), ('gpt', '2x4'), ('unnamed', '4x2')])
