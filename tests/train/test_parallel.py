@@ -108,7 +108,7 @@ _MODES = ['jit', 'fsdp', 'shard_map', 'pmap', 'shard_map_accumulate_2']
 
 @pytest.fixture(scope='module')
 def results():
-  # 19 compiled train steps: fast_compile halves the child's time (61 against 30 s).
+  # 18 compiled train steps: fast_compile halves the child's time (61 against 30 s).
   return run_python(_TRAIN_10_STEPS, devices=8, fast_compile=True)
 
 
