@@ -17,7 +17,10 @@ measured once per setting, in the same run, and compared.
 XLA's cost analysis counts the body of a loop once, not once per iteration;
 so for a model with an `unroll` option (a recurrent layer's scan over time)
 the FLOPs are those of the same step with the scan fully unrolled, which has
-no loop over time (only compiled, never run).
+no loop over time, and with gradient accumulation (`grad_accum_steps` > 1, a
+scan over micro-batches) those of the same global batch in one micro-batch,
+which leaves out only the few adds per parameter that accumulate the gradients
+(each only compiled, never run).
 """
 
 import os
@@ -77,8 +80,8 @@ def measure_step(config, steps: int) -> dict:
     host_batch = next(iterator)
 
     global_step = one_device_step(run, state, host_batch)
-    if 'unroll' in config.model:
-      flops = unrolled_step_flops(config)
+    if loops_counted_once(config):
+      flops = loop_free_step_flops(config)
     else:
       flops = compiled_flops(global_step)
     products = [p for p in hlo_dots.products(global_step.as_text())
@@ -126,18 +129,32 @@ def compiled_flops(compiled) -> float:
   return float(cost.get('flops', float('nan')))
 
 
-_UNROLLED_FLOPS = {}
+def loops_counted_once(config) -> list[str]:
+  """What, in `config`'s train step, is a loop whose body XLA's cost analysis counts once."""
+  loops = []
+  if 'unroll' in config.model:
+    loops.append('scan unrolled')
+  if config.get('grad_accum_steps', 1) > 1:
+    loops.append('micro-batches as one batch')
+  return loops
 
 
-def unrolled_step_flops(config) -> float:
-  """FLOPs of `config`'s train step with its scan over time fully unrolled (once per config
-  up to its `unroll`, which changes the loop, not the arithmetic)."""
+_LOOP_FREE_FLOPS = {}
+
+
+def loop_free_step_flops(config) -> float:
+  """FLOPs of `config`'s train step with its scan over time fully unrolled and its
+  micro-batches as one batch (once per config up to `unroll` and `grad_accum_steps`, which
+  change the loops, not the arithmetic, but for the adds that accumulate micro-batches)."""
   config = config.copy_and_resolve_references()
-  config.model.unroll = 10**6  # more than any length: lax.scan unrolls it all
+  if 'unroll' in config.model:
+    config.model.unroll = 10**6  # more than any length: lax.scan unrolls it all
+  if 'grad_accum_steps' in config:
+    config.grad_accum_steps = 1
   key = config.to_json()
-  if key not in _UNROLLED_FLOPS:
-    _UNROLLED_FLOPS[key] = _compiled_flops(config)
-  return _UNROLLED_FLOPS[key]
+  if key not in _LOOP_FREE_FLOPS:
+    _LOOP_FREE_FLOPS[key] = _compiled_flops(config)
+  return _LOOP_FREE_FLOPS[key]
 
 
 def _compiled_flops(config) -> float:
@@ -203,13 +220,13 @@ def main(argv):
     tokens = f', {batch_size * window / r["step_seconds"]:.0f} tokens/s' if window else ''
     print(f'  train step: {1 / r["step_seconds"]:.2f} steps/s, '
           f'{batch_size / r["step_seconds"]:.0f} examples/s{tokens}')
-    unrolled = ', scan unrolled' if 'unroll' in config.model else ''
-    print(f'  step FLOPs (XLA cost analysis{unrolled}): {r["flops"]:.4g}')
+    loops = ''.join(f', {loop}' for loop in loops_counted_once(config))
+    print(f'  step FLOPs (XLA cost analysis{loops}): {r["flops"]:.4g}')
     print(f'  achieved: {achieved / 1e9:.3f} GFLOP/s = {achieved / peak:.2%} of the float32 '
           'matmul peak')
     if r['products_seconds']:
       flops = sum(p.flops for p in r['products'])
-      once = ' (a loop body\'s once)' if 'unroll' in config.model else ''
+      once = ' (a loop body\'s once)' if loops else ''
       alone = flops / r['products_seconds']
       print(f'  its {len(r["products"])} matrix products alone{once}: {flops:.4g} FLOP '
             f'({flops / r["flops"]:.1%} of the step\'s) in {r["products_seconds"] * 1e3:.1f} ms, '

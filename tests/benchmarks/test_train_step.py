@@ -41,3 +41,28 @@ def test_step_flops_are_the_whole_global_steps_over_two_devices(data_dir, tmp_pa
   assert result['jit2'] == result['shard_map2'] == result['jit1']
   # One device's share: half the batch's work, all of the replicated optimiser's.
   assert result['split'] < 0.6 * result['jit1']
+
+
+def test_step_flops_count_every_micro_batch(data_dir, tmp_path):
+  # With 4 micro-batches the step is a scan whose body XLA's cost analysis counts once: the
+  # compiled step's own count falls to about half (the first micro-batch, outside the scan,
+  # and the body). The benchmark's count must be the whole global batch's.
+  from benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  from experiments.configs import digits_mlp  # pylint: disable=g-import-not-at-top
+  from train import loop  # pylint: disable=g-import-not-at-top
+
+  config = digits_mlp.get_config()
+  config.data.data_dir = data_dir
+  config.global_batch_size = 64
+  config.model.dropout_rate = 0.0
+  config.grad_accum_steps = 4
+  run = loop.setup(config, str(tmp_path))
+  state = run.parallel.init_state(run.init_fn, run.rng)
+  scanned = train_step.compiled_flops(
+      train_step.one_device_step(run, state, next(run.train_iterator())))
+  run.lock.release()
+  assert train_step.loops_counted_once(config) == ['micro-batches as one batch']
+  counted = train_step.loop_free_step_flops(config)
+  products = 3 * 2 * 64 * (64 * 256 + 256 * 256 + 256 * 10)  # as in the test above
+  assert products < counted < 1.1 * products
+  assert scanned < 0.6 * counted
