@@ -20,7 +20,8 @@ the FLOPs are those of the same step with the scan fully unrolled, which has
 no loop over time, and with gradient accumulation (`grad_accum_steps` > 1, a
 scan over micro-batches) those of the same global batch in one micro-batch,
 which leaves out only the few adds per parameter that accumulate the gradients
-(each only compiled, never run).
+(each only compiled, never run). Any other loop in the step (an attention's over
+blocks of keys, say) is counted once too, and the script says so.
 """
 
 import os
@@ -81,9 +82,9 @@ def measure_step(config, steps: int) -> dict:
 
     global_step = one_device_step(run, state, host_batch)
     if loops_counted_once(config):
-      flops = loop_free_step_flops(config)
+      flops, loops_left = loop_free_step_flops(config)
     else:
-      flops = compiled_flops(global_step)
+      flops, loops_left = compiled_flops(global_step), count_loops(global_step)
     products = [p for p in hlo_dots.products(global_step.as_text())
                 if p.dtype in hlo_dots.HLO_DTYPES]  # floating point
 
@@ -106,7 +107,8 @@ def measure_step(config, steps: int) -> dict:
     run.lock.release()
   del state, metrics, batch
   alone = hlo_dots.products_alone_seconds(products) if _PRODUCTS_ALONE.value and products else None
-  return {'step_seconds': step_seconds, 'flops': flops, 'batch_seconds': batch_seconds,
+  return {'step_seconds': step_seconds, 'flops': flops, 'loops_left': loops_left,
+          'batch_seconds': batch_seconds,
           'mode': par.mode, 'devices': par.num_devices, 'products': products,
           'products_seconds': alone}
 
@@ -129,6 +131,11 @@ def compiled_flops(compiled) -> float:
   return float(cost.get('flops', float('nan')))
 
 
+def count_loops(compiled) -> int:
+  """The number of loops (HLO `while` ops) in a compiled program."""
+  return sum(' while(' in line for line in compiled.as_text().splitlines())
+
+
 def loops_counted_once(config) -> list[str]:
   """What, in `config`'s train step, is a loop whose body XLA's cost analysis counts once."""
   loops = []
@@ -142,10 +149,11 @@ def loops_counted_once(config) -> list[str]:
 _LOOP_FREE_FLOPS = {}
 
 
-def loop_free_step_flops(config) -> float:
+def loop_free_step_flops(config) -> tuple[float, int]:
   """FLOPs of `config`'s train step with its scan over time fully unrolled and its
   micro-batches as one batch (once per config up to `unroll` and `grad_accum_steps`, which
-  change the loops, not the arithmetic, but for the adds that accumulate micro-batches)."""
+  change the loops, not the arithmetic, but for the adds that accumulate micro-batches),
+  and the number of loops that step still holds."""
   config = config.copy_and_resolve_references()
   if 'unroll' in config.model:
     config.model.unroll = 10**6  # more than any length: lax.scan unrolls it all
@@ -157,13 +165,13 @@ def loop_free_step_flops(config) -> float:
   return _LOOP_FREE_FLOPS[key]
 
 
-def _compiled_flops(config) -> float:
+def _compiled_flops(config) -> tuple[float, int]:
   with tempfile.TemporaryDirectory() as workdir:
     run = loop.setup(config, workdir)
     state = run.parallel.init_state(run.init_fn, run.rng)
-    flops = compiled_flops(one_device_step(run, state, next(run.train_iterator())))
+    compiled = one_device_step(run, state, next(run.train_iterator()))
     run.lock.release()
-  return flops
+  return compiled_flops(compiled), count_loops(compiled)
 
 
 def _settings(config) -> list[tuple[str, str, object]]:
@@ -222,6 +230,10 @@ def main(argv):
           f'{batch_size / r["step_seconds"]:.0f} examples/s{tokens}')
     loops = ''.join(f', {loop}' for loop in loops_counted_once(config))
     print(f'  step FLOPs (XLA cost analysis{loops}): {r["flops"]:.4g}')
+    if r['loops_left']:
+      print(f'  (the step holds {r["loops_left"]} more loop(s), such as an attention\'s over '
+            'blocks, whose bodies XLA counts once: these FLOPs and the fraction below are '
+            'lower bounds)')
     print(f'  achieved: {achieved / 1e9:.3f} GFLOP/s = {achieved / peak:.2%} of the float32 '
           'matmul peak')
     if r['products_seconds']:

@@ -43,26 +43,36 @@ def test_step_flops_are_the_whole_global_steps_over_two_devices(data_dir, tmp_pa
   assert result['split'] < 0.6 * result['jit1']
 
 
+
 def test_step_flops_count_every_micro_batch(data_dir, tmp_path):
   # With 4 micro-batches the step is a scan whose body XLA's cost analysis counts once: the
   # compiled step's own count falls to about half (the first micro-batch, outside the scan,
-  # and the body). The benchmark's count must be the whole global batch's.
-  from benchmarks import train_step  # pylint: disable=g-import-not-at-top
-  from experiments.configs import digits_mlp  # pylint: disable=g-import-not-at-top
-  from train import loop  # pylint: disable=g-import-not-at-top
+  # and the body). The benchmark's count must be the whole global batch's. (Its own process:
+  # the benchmark scripts each define absl flags of the same names.)
+  result = run_python(f'''
+      import json
+      from benchmarks import train_step
+      from experiments.configs import digits_mlp
+      from train import loop
 
-  config = digits_mlp.get_config()
-  config.data.data_dir = data_dir
-  config.global_batch_size = 64
-  config.model.dropout_rate = 0.0
-  config.grad_accum_steps = 4
-  run = loop.setup(config, str(tmp_path))
-  state = run.parallel.init_state(run.init_fn, run.rng)
-  scanned = train_step.compiled_flops(
-      train_step.one_device_step(run, state, next(run.train_iterator())))
-  run.lock.release()
-  assert train_step.loops_counted_once(config) == ['micro-batches as one batch']
-  counted = train_step.loop_free_step_flops(config)
+      config = digits_mlp.get_config()
+      config.data.data_dir = {data_dir!r}
+      config.global_batch_size = 64
+      config.model.dropout_rate = 0.0
+      config.grad_accum_steps = 4
+      run = loop.setup(config, {str(tmp_path)!r})
+      state = run.parallel.init_state(run.init_fn, run.rng)
+      scanned = train_step.one_device_step(run, state, next(run.train_iterator()))
+      run.lock.release()
+      counted, loops_left = train_step.loop_free_step_flops(config)
+      print(json.dumps({{'scanned': train_step.compiled_flops(scanned),
+                        'scanned_loops': train_step.count_loops(scanned),
+                        'counted': counted, 'loops_left': loops_left,
+                        'loops': train_step.loops_counted_once(config)}}))
+      ''')
+  assert result['loops'] == ['micro-batches as one batch']
+  assert result['scanned_loops'] == 1
   products = 3 * 2 * 64 * (64 * 256 + 256 * 256 + 256 * 10)  # as in the test above
-  assert products < counted < 1.1 * products
-  assert scanned < 0.6 * counted
+  assert products < result['counted'] < 1.1 * products
+  assert result['scanned'] < 0.6 * result['counted']
+  assert result['loops_left'] == 0
