@@ -51,13 +51,16 @@ FIT_FROM = 1024
 
 _KINDS = flags.DEFINE_list('kinds', list(kinds.KINDS), 'Attention kinds to measure.')
 _LENGTHS = flags.DEFINE_list('lengths', [str(2 ** i) for i in range(8, 15)], 'Sequence lengths.')
-_WIDTH = flags.DEFINE_integer('width', 64, 'Head width H.')
-_HEADS = flags.DEFINE_integer('heads', 1, 'Number of heads N.')
-_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed rounds over the lengths (the best is kept).')
+_WIDTH = flags.DEFINE_integer('width', 64, 'Head width H.', lower_bound=1)
+_HEADS = flags.DEFINE_integer('heads', 1, 'Number of heads N.', lower_bound=1)
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed rounds over the lengths (the best is kept).',
+                                lower_bound=1)
 _MIN_BATCH_SECONDS = flags.DEFINE_float(
-    'min_batch_seconds', 0.2, 'Each timing runs enough calls to take at least this long.')
+    'min_batch_seconds', 0.2, 'Each timing runs enough calls to take at least this long.',
+    lower_bound=0.0)
 _CAUSAL = flags.DEFINE_boolean('causal', False, 'Causal attention (Linformer is then skipped).')
-_MAX_GB = flags.DEFINE_float('max_gb', 12.0, 'Skip settings whose compiled memory exceeds this.')
+_MAX_GB = flags.DEFINE_float('max_gb', 12.0, 'Skip settings whose compiled memory exceeds this.',
+                             lower_bound=0.0)
 _FIGURE = flags.DEFINE_string('figure', None, 'Where to save the log–log figure (PNG).')
 
 

@@ -32,7 +32,8 @@ from train import sampling
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
 _LENGTHS = flags.DEFINE_list('lengths', ['64', '128', '256'], 'Total sequence lengths L.')
 _BATCH = flags.DEFINE_integer('batch', 1, 'Sequences generated at once.')
-_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed calls per setting (the best is kept).')
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed calls per setting (the best is kept).',
+                                lower_bound=1)
 flags.mark_flags_as_required(['config'])
 
 

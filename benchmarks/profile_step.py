@@ -40,8 +40,8 @@ from train import loop
 from train import xla_cpu
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
-_STEPS = flags.DEFINE_integer('steps', 10, 'Traced train steps.')
-_TOP = flags.DEFINE_integer('top', 15, 'Op kinds to print.')
+_STEPS = flags.DEFINE_integer('steps', 10, 'Traced train steps.', lower_bound=1)
+_TOP = flags.DEFINE_integer('top', 15, 'Op kinds to print.', lower_bound=1)
 _TRACE_DIR = flags.DEFINE_string('trace_dir', None, 'Where to keep the trace (default: a '
                                  'temporary folder, removed afterwards).')
 flags.mark_flags_as_required(['config'])

@@ -20,11 +20,13 @@ the FLOPs are those of the same step with the scan fully unrolled, which has
 no loop over time, and with gradient accumulation (`grad_accum_steps` > 1, a
 scan over micro-batches) those of the same global batch in one micro-batch,
 which leaves out only the few adds per parameter that accumulate the gradients
-(each only compiled, never run). Any other loop in the step (an attention's over
-blocks of keys, say) is counted once too, and the script says so.
+(each only compiled, never run). Any other loop over floating-point values in the
+step (a block-sparse attention's over blocks of keys, say) is counted once too, and
+the script says so.
 """
 
 import os
+import re
 import sys
 import tempfile
 import time
@@ -43,8 +45,9 @@ from train import loop
 from train import xla_cpu
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
-_STEPS = flags.DEFINE_integer('steps', 200, 'Timed train steps.')
-_PIPELINE_BATCHES = flags.DEFINE_integer('pipeline_batches', 200, 'Timed input batches.')
+_STEPS = flags.DEFINE_integer('steps', 200, 'Timed train steps.', lower_bound=1)
+_PIPELINE_BATCHES = flags.DEFINE_integer('pipeline_batches', 200, 'Timed input batches.',
+                                         lower_bound=1)
 _DTYPES = flags.DEFINE_list('dtypes', None, 'Compute dtypes to measure (default: the config\'s).')
 _PRODUCTS_ALONE = flags.DEFINE_bool('products_alone', True, 'Also time the step\'s matrix '
                                     'products alone.')
@@ -132,8 +135,11 @@ def compiled_flops(compiled) -> float:
 
 
 def count_loops(compiled) -> int:
-  """The number of loops (HLO `while` ops) in a compiled program."""
-  return sum(' while(' in line for line in compiled.as_text().splitlines())
+  """The number of loops (HLO `while` ops) in a compiled program that carry floating-point
+  values (not, say, a random-bit generator's rounds over unsigned integers)."""
+  floating = re.compile(rf'\b(?:{"|".join(hlo_dots.HLO_DTYPES)})\[')
+  return sum(bool(floating.search(line.split(' while(')[0]))
+             for line in compiled.as_text().splitlines() if ' while(' in line)
 
 
 def loops_counted_once(config) -> list[str]:
@@ -231,9 +237,9 @@ def main(argv):
     loops = ''.join(f', {loop}' for loop in loops_counted_once(config))
     print(f'  step FLOPs (XLA cost analysis{loops}): {r["flops"]:.4g}')
     if r['loops_left']:
-      print(f'  (the step holds {r["loops_left"]} more loop(s), such as an attention\'s over '
-            'blocks, whose bodies XLA counts once: these FLOPs and the fraction below are '
-            'lower bounds)')
+      print(f'  (the step holds {r["loops_left"]} more loop(s) over floating-point values, '
+            'such as a block-sparse attention\'s, whose bodies XLA counts once: these FLOPs '
+            'and the fraction below are lower bounds)')
     print(f'  achieved: {achieved / 1e9:.3f} GFLOP/s = {achieved / peak:.2%} of the float32 '
           'matmul peak')
     if r['products_seconds']:
