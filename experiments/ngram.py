@@ -47,8 +47,9 @@ def define_flags() -> None:
   flags.DEFINE_list('smoothing', ['kneser_ney', 'add_k'], 'Smoothings, of: ' + ', '.join(ngram.SMOOTHINGS))
   flags.DEFINE_list('add_k', ['1.0', '0.01'], 'Every k of add-k smoothing to report.')
   flags.DEFINE_string('kn_discount', '0.75', "Kneser–Ney discount D in [0, 1], or 'estimate'.")
-  flags.DEFINE_integer('window', 256, 'Evaluation window length T, as the neural models use.')
-  flags.DEFINE_integer('sample_length', 300, 'Characters per sample.')
+  flags.DEFINE_integer('window', 256, 'Evaluation window length T, as the neural models use.',
+                       lower_bound=1)
+  flags.DEFINE_integer('sample_length', 300, 'Characters per sample.', lower_bound=1)
   flags.DEFINE_string('prompt', 'ROMEO:', 'Text every sample continues.')
   flags.DEFINE_integer('seed', 0, 'Seed of every sample.')
   flags.mark_flag_as_required('workdir')
@@ -69,6 +70,8 @@ def model_specs(orders, smoothings, add_ks, kn_discount) -> list[tuple[int, str,
     discount = None if kn_discount == 'estimate' else float(kn_discount)
   except ValueError as error:
     raise app.UsageError(f'--orders, --add_k and --kn_discount must be numbers ({error}).') from None
+  if min(orders, default=1) < 1:
+    raise app.UsageError(f'--orders has {min(orders)}; every n-gram order must be at least 1.')
   unknown = [s for s in smoothings if s not in ngram.SMOOTHINGS]
   if unknown:
     raise app.UsageError(f'Unknown --smoothing {unknown[0]!r}; the smoothings are: '

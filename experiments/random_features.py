@@ -61,23 +61,38 @@ def define_flags() -> None:
   flags.DEFINE_string('workdir', None, 'If set, the table is also written there as TSV.')
   flags.DEFINE_list('num_features', ['50', '100', '200', '500', '1000', '2000', '5000'],
                     'Numbers D of random features.')
-  flags.DEFINE_integer('draws', 5, 'Independent feature draws per D.')
-  flags.DEFINE_float('gamma', None, 'RBF γ; by default 1 / (input_dim · Var x), the SVC "scale" rule.')
-  flags.DEFINE_float('ridge', 1e-2, 'Ridge parameter of both ridge classifiers.')
-  flags.DEFINE_float('svc_c', 10.0, 'Regularisation constant C of the SVC.')
+  flags.DEFINE_integer('draws', 5, 'Independent feature draws per D.', lower_bound=1)
+  flags.DEFINE_float('gamma', None, 'RBF γ > 0; by default 1 / (input_dim · Var x), the SVC '
+                     '"scale" rule.')
+  flags.DEFINE_float('ridge', 1e-2, 'Ridge parameter of both ridge classifiers.', lower_bound=0.0)
+  flags.DEFINE_float('svc_c', 10.0, 'Regularisation constant C > 0 of the SVC.')
+  flags.register_validator('gamma', lambda v: v is None or v > 0, '--gamma must be positive.')
+  flags.register_validator('svc_c', lambda v: v > 0, '--svc_c must be positive.')
   flags.DEFINE_integer('split_seed', 0, 'Seed of the stratified 70/30 train/test split.')
+
+
+def feature_counts(values: list[str]) -> list[int]:
+  """--num_features as positive integers, or UsageError naming the value."""
+  try:
+    counts = [int(v) for v in values]
+  except ValueError:
+    counts = []
+  if not counts or min(counts) < 1:
+    raise app.UsageError(f'--num_features={",".join(values)} must be positive integers.')
+  return counts
 
 
 def main(argv):
   del argv
+  counts = feature_counts(FLAGS.num_features)
   x_train, x_test, y_train, y_test = load_split(FLAGS.split_seed)
-  gamma = FLAGS.gamma or 1.0 / (x_train.shape[1] * x_train.var())
+  gamma = FLAGS.gamma if FLAGS.gamma is not None else 1.0 / (x_train.shape[1] * x_train.var())
   print(f'digits: {len(x_train)} train, {len(x_test)} test; gamma = {gamma:.4f}, ridge = {FLAGS.ridge}')
   exact = exact_kernel_ridge_accuracy(x_train, y_train, x_test, y_test, gamma, FLAGS.ridge)
   svc = svc_accuracy(x_train, y_train, x_test, y_test, gamma, FLAGS.svc_c)
   rows = []
   print(f'{"D":>6}  {"RFF ridge acc (mean ± std)":>27}')
-  for num_features in (int(d) for d in FLAGS.num_features):
+  for num_features in counts:
     accuracies = [random_features_accuracy(x_train, y_train, x_test, y_test, gamma, FLAGS.ridge, num_features,
                                            seed) for seed in range(FLAGS.draws)]
     rows.append((num_features, np.mean(accuracies), np.std(accuracies)))

@@ -1,10 +1,13 @@
 """The random-features and universal-approximation experiments: their figures come from the
 quantities the theory predicts."""
 
+from absl import app
 import numpy as np
+import pytest
 
 from experiments import random_features
 from experiments import universal_approximation
+from tests.messages import one_sentence
 
 
 def test_random_features_accuracy_approaches_the_exact_kernel_machine_as_features_grow():
@@ -19,6 +22,17 @@ def test_random_features_accuracy_approaches_the_exact_kernel_machine_as_feature
   # point; 20 features are far from it (0.74-0.75 over three draws).
   assert abs(accuracy[2000] - exact) < 0.01
   assert accuracy[20] < exact - 0.1
+
+
+@pytest.mark.parametrize('values', [['0', '5'], ['-50'], ['a'], []])
+def test_feature_counts_must_be_positive_integers(values):
+  # Zero features gave NaN accuracies, and no counts an empty table, after the exact machines.
+  one_sentence(lambda: random_features.feature_counts(values), f'--num_features={",".join(values)}',
+               'positive integers', error=app.UsageError)
+
+
+def test_feature_counts_parse_in_order():
+  assert random_features.feature_counts(['500', '50']) == [500, 50]
 
 
 def test_the_constructed_network_meets_the_interpolation_bound_and_training_fits(tmp_path):
