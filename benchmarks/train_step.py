@@ -196,13 +196,22 @@ def _settings(config) -> list[tuple[str, str, object]]:
       raise app.UsageError(f'--sweep={_SWEEP.value!r} must read FIELD:V1,V2,...')
     kind = type(current) if current is not None else str
     try:
-      parsed = [kind(v) for v in values.split(',')]
+      parsed = [_parse(kind, v) for v in values.split(',')]
     except ValueError:
       raise app.UsageError(f'--sweep values {values!r} are not all {kind.__name__}s, the type of '
                            f'{field}.') from None
     return [(f'{field}={v}', field, v) for v in parsed]
   dtypes = _DTYPES.value or [config.model.get('dtype', 'float32')]
   return [(dtype, 'model.dtype', dtype) for dtype in dtypes]
+
+
+def _parse(kind: type, text: str):
+  """`text` as a value of `kind`; a bool from true/false (bool('False') would be True)."""
+  if kind is bool:
+    if text.lower() not in ('true', 'false'):
+      raise ValueError(text)
+    return text.lower() == 'true'
+  return kind(text)
 
 
 def _set(config, field: str, value) -> None:

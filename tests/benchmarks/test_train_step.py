@@ -78,3 +78,22 @@ def test_step_flops_count_every_micro_batch(data_dir, tmp_path):
   assert products < result['counted'] < 1.1 * products
   assert result['scanned'] < 0.6 * result['counted']
   assert result['loops_left'] == 0
+
+
+def test_sweep_values_take_the_fields_type():
+  # A bool field's 'False' once became bool('False'), True: the sweep measured True twice.
+  result = run_python('''
+      import json
+      from benchmarks import train_step
+      values = {text: train_step._parse(bool, text) for text in ('False', 'true', 'TRUE')}
+      values['4'] = train_step._parse(int, '4')
+      refused = []
+      for kind, text in ((bool, 'yes'), (bool, '0'), (int, '2.5')):
+        try:
+          train_step._parse(kind, text)
+        except ValueError:
+          refused.append(text)
+      print(json.dumps({'values': values, 'refused': refused}))
+      ''')
+  assert result['values'] == {'False': False, 'true': True, 'TRUE': True, '4': 4}
+  assert result['refused'] == ['yes', '0', '2.5']
