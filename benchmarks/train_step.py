@@ -143,7 +143,9 @@ def count_loops(compiled) -> int:
 
 
 def loops_counted_once(config) -> list[str]:
-  """What, in `config`'s train step, is a loop whose body XLA's cost analysis counts once."""
+  """How the FLOPs of `config`'s train step are counted without each loop this script knows
+  of (a recurrent layer's scan, the micro-batches), whose body XLA's cost analysis counts once;
+  empty if the step has neither."""
   loops = []
   if 'unroll' in config.model:
     loops.append('scan unrolled')
