@@ -43,7 +43,6 @@ def test_step_flops_are_the_whole_global_steps_over_two_devices(data_dir, tmp_pa
   assert result['split'] < 0.6 * result['jit1']
 
 
-
 def test_step_flops_count_every_micro_batch(data_dir, tmp_path):
   # With 4 micro-batches the step is a scan whose body XLA's cost analysis counts once: the
   # compiled step's own count falls to about half (the first micro-batch, outside the scan,
