@@ -90,15 +90,29 @@ def define_flags() -> None:
   # Called only when run as a script, so that importing the module defines no flags.
   flags.DEFINE_string('workdir', None, 'Directory for the plot and the table.', required=True)
   flags.DEFINE_list('widths', ['4', '8', '16', '32', '64', '128', '256'], 'Hidden widths.')
-  flags.DEFINE_integer('train_steps', 5000, 'Adam steps per trained network; 0 skips training.')
+  flags.DEFINE_integer('train_steps', 5000, 'Adam steps per trained network; 0 skips training.',
+                       lower_bound=0)
   flags.DEFINE_float('learning_rate', 1e-2, 'Initial Adam learning rate, cosine-decayed to 0.')
+  flags.register_validator('learning_rate', lambda v: v > 0, '--learning_rate must be positive.')
   flags.DEFINE_integer('seed', 0, 'Seed of the trained networks.')
+
+
+def parse_widths(values: list[str]) -> list[int]:
+  """--widths as integers of at least 4 (the construction's least width), or UsageError."""
+  try:
+    widths = [int(v) for v in values]
+  except ValueError:
+    widths = []
+  if not widths or min(widths) < 4:
+    raise app.UsageError(f'--widths={",".join(values)} must be integers of at least 4 (the '
+                         'interpolating network uses width - 2 grid points, two or more).')
+  return widths
 
 
 def main(argv):
   del argv
+  widths = parse_widths(FLAGS.widths)
   os.makedirs(FLAGS.workdir, exist_ok=True)
-  widths = [int(w) for w in FLAGS.widths]
   print(f'{"width":>6}  {"construction":>14}  {"trained":>12}')
   rows = run(widths, FLAGS.train_steps, FLAGS.learning_rate, FLAGS.seed)
   with open(os.path.join(FLAGS.workdir, 'universal_approximation.tsv'), 'w') as f:

@@ -1,6 +1,10 @@
 """The random-features and universal-approximation experiments: their figures come from the
 quantities the theory predicts."""
 
+import os
+import subprocess
+import sys
+
 from absl import app
 import numpy as np
 import pytest
@@ -8,6 +12,7 @@ import pytest
 from experiments import random_features
 from experiments import universal_approximation
 from tests.messages import one_sentence
+from tests.subprocess_util import REPO_ROOT
 
 
 def test_random_features_accuracy_approaches_the_exact_kernel_machine_as_features_grow():
@@ -51,3 +56,32 @@ def test_the_constructed_network_meets_the_interpolation_bound_and_training_fits
   universal_approximation.plot(rows, path)
   with open(path, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+@pytest.mark.parametrize('values', [['0'], ['3'], ['8', '2'], ['a'], []])
+def test_widths_below_the_construction_are_refused(values):
+  # Width 3 has one grid point to interpolate on; the script raised from the model after
+  # training the widths before it, and an empty list wrote an empty table, then crashed.
+  one_sentence(lambda: universal_approximation.parse_widths(values), f'--widths={",".join(values)}',
+               'at least 4', error=app.UsageError)
+
+
+def test_widths_parse_in_order():
+  assert universal_approximation.parse_widths(['64', '4']) == [64, 4]
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--widths=', '--widths= must be integers of at least 4'),
+    ('--train_steps=-1', 'flag --train_steps=-1: -1 is not a non-negative integer'),
+    ('--learning_rate=0', '--learning_rate must be positive'),
+])
+def test_the_script_refuses_bad_flags_and_keeps_an_earlier_table(tmp_path, flag, message):
+  table = tmp_path / 'universal_approximation.tsv'
+  table.write_text('an earlier run\n')
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.universal_approximation', f'--workdir={tmp_path}', flag],
+      cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+      timeout=120)
+  assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+  assert table.read_text() == 'an earlier run\n'
+  assert 'width' not in result.stdout  # refused before the table's header was printed
