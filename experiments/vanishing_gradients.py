@@ -316,23 +316,41 @@ def run(output, *, features=64, in_features=8, length=100, samples=5, scales=(0.
   return curves, training
 
 
+def _positive_numbers(values: list[str]) -> bool:
+  try:
+    return bool(values) and all(float(v) > 0 for v in values)
+  except ValueError:
+    return False
+
+
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   # Called only when run as a script (or by a test, with its own FlagValues), so that
   # importing the module defines no flags.
   kw = dict(flag_values=flag_values)
   flags.DEFINE_string('output', 'docs/figures/vanishing_gradients.png', 'PNG to write.', **kw)
-  flags.DEFINE_integer('features', 64, 'Hidden units H of every model.', **kw)
-  flags.DEFINE_integer('length', 100, 'Sequence length T of panels (a, b).', **kw)
-  flags.DEFINE_integer('samples', 5, 'Random input sequences averaged in panels (a, b).', **kw)
+  flags.DEFINE_integer('features', 64, 'Hidden units H of every model.', lower_bound=1, **kw)
+  flags.DEFINE_integer('length', 100, 'Sequence length T of panels (a, b).', lower_bound=1, **kw)
+  flags.DEFINE_integer('samples', 5, 'Random input sequences averaged in panels (a, b).',
+                       lower_bound=1, **kw)
   flags.DEFINE_list('scales', ['0.5', '1.0', '1.5', '3.0'], 'Elman recurrent scales of panel (a).', **kw)
-  flags.DEFINE_integer('steps', 300, 'SGD steps of each run of panels (c, d).', **kw)
-  flags.DEFINE_integer('batch', 32, 'Sequences per SGD step.', **kw)
-  flags.DEFINE_integer('train_length', 100, 'Sequence length of the training task.', **kw)
-  flags.DEFINE_integer('delay', 3, 'The target at step t is the input at t − delay.', **kw)
+  flags.DEFINE_integer('steps', 300, 'SGD steps of each run of panels (c, d).', lower_bound=1, **kw)
+  flags.DEFINE_integer('batch', 32, 'Sequences per SGD step.', lower_bound=1, **kw)
+  flags.DEFINE_integer('train_length', 100, 'Sequence length of the training task.', lower_bound=1,
+                       **kw)
+  flags.DEFINE_integer('delay', 3, 'The target at step t is the input at t − delay.', lower_bound=0,
+                       **kw)
   flags.DEFINE_list('train_scales', ['1.5', '3.0'], 'W_hh = scale · Q of the trained Elman RNNs.', **kw)
   flags.DEFINE_float('learning_rate', 0.03, 'SGD learning rate of every run.', **kw)
   flags.DEFINE_float('clip_norm', 1.0, 'Global-norm threshold of the clipped run.', **kw)
   flags.DEFINE_integer('seed', 0, 'Seed of parameters and inputs.', **kw)
+  for name in ('scales', 'train_scales'):
+    flags.register_validator(name, _positive_numbers, f'--{name} must be positive numbers.', **kw)
+  for name in ('learning_rate', 'clip_norm'):
+    flags.register_validator(name, lambda v: v > 0, f'--{name} must be positive.', **kw)
+  flags.register_multi_flags_validator(
+      ['delay', 'train_length'], lambda f: f['delay'] < f['train_length'],
+      '--delay must be less than --train_length (the target is an input of the same sequence).',
+      **kw)
 
 
 def main(argv):

@@ -3,6 +3,7 @@ Elman step Jacobians diag(1 − h_k²) W_hh, against `jax.jacrev` of the whole u
 s_t to s_T (LSTM and GRU), and against scale^d for the linear RNN; the script writes its PNG."""
 
 import os
+import re
 
 from absl import flags
 import jax
@@ -112,3 +113,28 @@ def test_the_script_writes_its_figure(tmp_path, monkeypatch, capsys):
     assert any(line.startswith(f'SGD W_hh = {scale}·Q, no clipping ') for line in lines)
     assert any(line.startswith(f'SGD W_hh = {scale}·Q, clipped at 1 ') for line in lines)
   assert lines[-1].startswith(f'written to {output}')
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--features=0', 'flag --features=0: 0 is not a positive integer'),
+    ('--steps=0', 'flag --steps=0: 0 is not a positive integer'),
+    ('--delay=-1', 'flag --delay=-1: -1 is not a non-negative integer'),
+    ('--scales=', '--scales must be positive numbers'),
+    ('--scales=1,a', '--scales must be positive numbers'),
+    ('--train_scales=0', '--train_scales must be positive numbers'),
+    ('--learning_rate=0', '--learning_rate must be positive'),
+    ('--clip_norm=-1', '--clip_norm must be positive'),
+    ('--delay=12', 'delay=12, train_length=12: --delay must be less than --train_length'),
+])
+def test_bad_flags_are_refused_when_parsed(flag, message):
+  # Unchecked, a zero scale gave log10(0) curves, a delay beyond the sequence a shape error
+  # after panels (a, b), and a zero learning rate a flat "training" run.
+  def parse(*args):
+    flag_values = flags.FlagValues()
+    vg.define_flags(flag_values)
+    flag_values(['vanishing_gradients', '--train_length=12', *args])
+    return flag_values
+
+  with pytest.raises(flags.IllegalFlagValueError, match=re.escape(message)):
+    parse(flag)
+  assert parse('--delay=11', '--scales=0.5,3').delay == 11  # the largest delay; scales parse
