@@ -125,8 +125,16 @@ def test_positions_keys_and_values_are_uniform(prepared):
   # Each of the 32 positions holds a pair with probability 1/2: sd = sqrt(n/4) ≈ 71.
   per_position = is_pair.sum(0)
   assert np.all(np.abs(per_position - SIZES['train'] / 2) < 5 * 71), per_position
-  counts = collections.Counter(tokens[is_pair].tolist())
-  assert sorted(counts) == list(range(256))  # every key with every value
+  pair_tokens = tokens[is_pair]  # k{a}:v{b} is 8a + b
+  assert sorted(set(pair_tokens.tolist())) == list(range(256))  # every key with every value
+  # A record's 16 keys are 16 of the 32, so each key is in a record with probability 1/2
+  # (sd sqrt(n/4) ≈ 71); each of the 320,000 pairs' values is one of 8 (sd ≈ 187).
+  key_counts = np.bincount(pair_tokens // 8, minlength=32)
+  assert np.all(np.abs(key_counts - SIZES['train'] / 2) < 5 * 71), key_counts
+  value_counts = np.bincount(pair_tokens % 8, minlength=8)
+  n_pairs = SIZES['train'] * PAIRS
+  assert len(pair_tokens) == n_pairs
+  assert np.all(np.abs(value_counts - n_pairs / 8) < 5 * np.sqrt(n_pairs * 7 / 64)), value_counts
   fillers = collections.Counter(tokens[~is_pair].tolist())
   assert sorted(fillers) == list(range(296, 312))
 

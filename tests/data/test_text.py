@@ -65,13 +65,18 @@ def test_eval_windows_score_every_target_exactly_once(n, length):
 
 
 @pytest.mark.parametrize('training', [True, False])
-def test_gather_equals_stacking_records(training):
-  windows = text.TokenWindows(np.random.default_rng(0).integers(0, 50, 37), 6, training=training)
-  indices = np.random.default_rng(1).integers(0, len(windows), 11)
-  batch = windows.gather(indices)
-  for key in ('tokens', 'weights'):
-    np.testing.assert_array_equal(batch[key], np.stack([windows[int(i)][key] for i in indices]))
-  np.testing.assert_array_equal(pipeline.read_batch(windows, indices)['tokens'], batch['tokens'])
+def test_a_batch_is_the_windows_slices_of_the_text(training):
+  tokens, length = np.random.default_rng(0).integers(0, 50, 36), 6
+  windows = text.TokenWindows(tokens, length, training=training)
+  # Repeats among them, and the last window (padded at evaluation: 35 targets, 6 windows of 6).
+  indices = np.append(np.random.default_rng(1).integers(0, len(windows), 11), len(windows) - 1)
+  batch = pipeline.read_batch(windows, indices)
+  for row, i in enumerate(indices):
+    start = i if training else i * length  # eval windows do not overlap
+    piece = tokens[start:start + length + 1]
+    np.testing.assert_array_equal(batch['tokens'][row, :len(piece)], piece)
+    np.testing.assert_array_equal(batch['tokens'][row, len(piece):], text.PAD_ID)
+    np.testing.assert_array_equal(batch['weights'][row], np.arange(length) < len(piece) - 1)
 
 
 def test_text_shorter_than_a_window_is_refused():

@@ -40,10 +40,14 @@ def _mean(totals, name):
 
 def test_same_state_and_batch_give_identical_steps():
   _, _, state, train_step, batch = _setup()
+  _, _, _, retraced_step, _ = _setup()  # another function, so traced and compiled anew
   a, ma = train_step(state, batch)
-  b, mb = train_step(state, batch)
+  b, mb = retraced_step(state, batch)
   for x, y in zip(jax.tree.leaves((a, ma)), jax.tree.leaves((b, mb))):
     np.testing.assert_array_equal(x, y)
+  # The randomness is the state's: another key gives other dropout masks.
+  _, mc = train_step(state.replace(rng=jax.random.PRNGKey(1)), batch)
+  assert _mean(mc['totals'], 'loss') != _mean(ma['totals'], 'loss')
 
 
 def test_dropout_stream_is_derived_from_fold_in_of_step():
@@ -65,7 +69,10 @@ def test_stream_keys_are_distinct_and_stable():
       tasks.stream_key(key, n).dtype, jax.dtypes.prng_key) else tasks.stream_key(key, n)))
           for n in names}
   assert len(set(keys.values())) == len(names)
-  np.testing.assert_array_equal(tasks.stream_key(key, 'latent'), tasks.stream_key(key, 'latent'))
+  # Stable across processes and runs: the stream's number is the CRC-32 of its name, not
+  # Python's hash(), which changes from process to process.
+  for name, crc32 in (('dropout', 311029705), ('latent', 1827798387)):
+    np.testing.assert_array_equal(tasks.stream_key(key, name), jax.random.fold_in(key, crc32))
 
 
 class _LatentModel(nn.Module):

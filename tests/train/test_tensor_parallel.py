@@ -73,12 +73,10 @@ def train(model_kind, mode, num_devices, model_parallelism=None):
     state, metrics = train_step(state, par.shard_batch(batch))
     total, weight = metrics['totals']['loss']
     losses.append(float(total) / float(weight))
-  eval_loss = None
-  if model_kind == 'gpt':
-    eval_step = par.compile_eval_step(functools.partial(step.eval_step, model=model, task=task),
-                                      abstract)
-    total, weight = eval_step(state, {**data[0], 'mask': np.ones(16, np.int32)}, np.int32(0))['loss']
-    eval_loss = float(total) / float(weight)
+  eval_step = par.compile_eval_step(functools.partial(step.eval_step, model=model, task=task),
+                                    abstract)
+  total, weight = eval_step(state, {**data[0], 'mask': np.ones(16, np.int32)}, np.int32(0))['loss']
+  eval_loss = float(total) / float(weight)
   return par, state, losses, eval_loss, lowered.count('sharding_constraint')
 
 def max_diff(a, b):
@@ -111,7 +109,7 @@ for kind in ('gpt', 'unnamed'):
         'mesh': dict(par.mesh.shape), 'step': int(state.step),
         'max_state_diff': max_diff(state, reference),
         'max_loss_diff': max(abs(a - b) for a, b in zip(losses, ref_losses)),
-        'eval_loss_diff': abs(eval_loss - ref_eval) if eval_loss is not None else 0.0,
+        'eval_loss_diff': abs(eval_loss - ref_eval),
         'constraints': constraints,
         'specs': sorted({str(x.sharding.spec) for x in jax.tree.leaves(state)}),
         'layouts': {} if kind != 'gpt' else {
