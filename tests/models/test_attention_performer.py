@@ -174,6 +174,11 @@ def test_causal_and_padded_forms_equal_the_quadratic_form():
                                                         padding_allowed(lengths, 12)),
                              rtol=0, atol=5e-5)
   assert out_bf16.dtype == jnp.bfloat16
+  rounded = [np.asarray(jnp.asarray(a, jnp.bfloat16), np.float64) for a in (q, k)]
+  expected_bf16 = quadratic_form(*rounded, v, features_MxH, np.ones((1, 1, 12, 12), bool))
+  # bfloat16 queries and keys, every key allowed: only the inputs and the output are rounded
+  # (outputs up to 0.79; measured error 1.9e-3).
+  np.testing.assert_allclose(np.asarray(out_bf16, np.float64), expected_bf16, atol=1e-2, rtol=0)
 
 
 def test_gradients_are_finite_with_padding_and_large_inputs():

@@ -219,6 +219,36 @@ def test_vae_sample_from_the_prior_and_decode(gaussian_vae):
   assert draws.min() < 0 or draws.max() > 1
 
 
+def test_vae_equals_a_numpy_forward_pass_and_draws_with_the_decoder_variance():
+  model = _vae(decoder='gaussian')
+  rng = np.random.default_rng(1)
+  variables = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape) / 2, jnp.float32),
+                           jax.eval_shape(model.init, _RNGS, images()))
+  variables['params']['decoder_log_var'] = jnp.full(SHAPE, np.log(0.25), jnp.float32)
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), variables['params'])
+  dense = lambda name, v: v @ p[name]['kernel'] + p[name]['bias']
+  x = images()
+  h = np.maximum(dense('encoder_layers_0', np.asarray(x, np.float64).reshape(5, 12)), 0)
+  out = jax.jit(lambda v: model.apply(v, x, num_samples=3, rngs={'latent': _RNGS['latent']}))(
+      variables)
+  # float32 against float64 on values of size ~1: differences of 1e-7.
+  np.testing.assert_allclose(out.posterior_mean, dense('posterior_mean', h), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out.posterior_log_var, dense('posterior_log_var', h), rtol=1e-5,
+                             atol=1e-5)
+  z = np.asarray(out.z, np.float64)
+  mean = 1 / (1 + np.exp(-dense('decoder_layers_1', np.maximum(dense('decoder_layers_0', z), 0))))
+  np.testing.assert_allclose(out.decoder_mean, mean.reshape((3, 5) + SHAPE), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out.decoder_log_var, np.log(0.25), rtol=1e-6)
+  # x ~ N(mean, σ² = 0.25): with one key, the draws minus the means (the same z) are the noise,
+  # whose variance is within 4 SE (√(2/n)·σ²) of 0.25 in every pixel; a σ used as the
+  # variance would give 0.0625.
+  n, key = 4000, jax.random.PRNGKey(3)
+  means, draws = jax.jit(lambda v: [model.apply(v, n, key, method='sample', mean=m)
+                                    for m in (True, False)])(variables)
+  noise_var = np.asarray(draws - means, np.float64).var(0)
+  assert np.all(np.abs(noise_var - 0.25) < 4 * np.sqrt(2 / n) * 0.25), noise_var
+
+
 def test_bfloat16_compute_keeps_float32_parameters_and_distributions():
   model = _vae(dtype='bfloat16', decoder='gaussian')
   variables = jax.eval_shape(model.init, _RNGS, images())

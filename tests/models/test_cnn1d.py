@@ -8,8 +8,10 @@ import pytest
 from models.vision.cnn1d import CNN1D
 
 
-def _numpy_forward(params, x_BxT, strides, padding, pooling='flatten', batch_norm=None):
-  """batch_norm: None, 'batch' (train: statistics of this batch) or 'running' (eval: init stats 0, 1)."""
+def _numpy_forward(params, x_BxT, strides, padding, pooling='flatten', batch_norm=None,
+                   batch_stats=None):
+  """batch_norm: None, 'batch' (train: statistics of this batch) or 'running' (eval: init stats 0, 1).
+  A list `batch_stats` receives each layer's batch (mean, variance)."""
   h = x_BxT[:, :, None].astype(np.float64)
   for layer, stride in enumerate(strides):
     kernel = np.asarray(params[f'Conv_{layer}']['kernel'], np.float64)  # [k, C_in, C_out]
@@ -25,6 +27,8 @@ def _numpy_forward(params, x_BxT, strides, padding, pooling='flatten', batch_nor
     else:  # y = γ (x − μ) / √(σ² + ε) + β, μ and σ² per channel over batch and positions
       norm = params[f'BatchNorm_{layer}']
       mean, var = (out.mean((0, 1)), out.var((0, 1))) if batch_norm == 'batch' else (0.0, 1.0)
+      if batch_stats is not None:
+        batch_stats.append((mean, var))
       out = np.asarray(norm['scale']) * (out - mean) / np.sqrt(var + 1e-5) + np.asarray(norm['bias'])
     h = np.maximum(out, 0)
   z = {'flatten': lambda: h.reshape(h.shape[0], -1), 'mean': lambda: h.mean(1), 'max': lambda: h.max(1)}[pooling]()
@@ -71,10 +75,16 @@ def test_batch_norm_normalises_with_batch_statistics_in_training_and_running_one
   params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(6), p.shape), params)
   logits, updates = model.apply({'params': params, 'batch_stats': variables['batch_stats']}, x,
                                 train=True, mutable=['batch_stats'])
-  np.testing.assert_allclose(logits, _numpy_forward(params, x, (2, 2, 2), 1, batch_norm='batch'),
+  batch_stats = []
+  np.testing.assert_allclose(logits, _numpy_forward(params, x, (2, 2, 2), 1, batch_norm='batch',
+                                                    batch_stats=batch_stats),
                              rtol=1e-4, atol=1e-4)
-  # Running statistics move 10% of the way to the batch's: mean 0.9·0 + 0.1·μ.
-  assert np.all(np.asarray(updates['batch_stats']['BatchNorm_0']['mean']) != 0)
+  # Running statistics move 10% of the way to the batch's (momentum 0.9) from their start at
+  # mean 0 and variance 1: 0.1·μ and 0.9 + 0.1·σ² (the biased variance over batch and positions).
+  for layer, (mean, var) in enumerate(batch_stats):
+    running = updates['batch_stats'][f'BatchNorm_{layer}']
+    np.testing.assert_allclose(running['mean'], 0.1 * mean, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(running['var'], 0.9 + 0.1 * var, rtol=1e-4, atol=1e-6)
   eval_logits = model.apply({'params': params, 'batch_stats': variables['batch_stats']}, x)
   np.testing.assert_allclose(eval_logits, _numpy_forward(params, x, (2, 2, 2), 1, batch_norm='running'),
                              rtol=1e-4, atol=1e-4)

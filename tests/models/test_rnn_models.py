@@ -241,6 +241,26 @@ def test_classifier_summary_of_an_empty_sequence_is_zero(readout):
   assert np.isfinite(logits).all() and not np.allclose(logits[0], logits[1])
 
 
+@pytest.mark.parametrize('readout', ['mean', 'max'])
+def test_classifier_mean_and_max_readouts_are_over_the_valid_steps(readout):
+  # The encoder's outputs past a sequence's length are 0, so an unmasked mean (dividing by T)
+  # or max (where every valid output of a unit is negative) differs from this reference.
+  model = rnn_models.RNNClassifier(4, cell='gru', features=8, bidirectional=True, readout=readout)
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 7))
+  lengths = np.array([7, 4, 2], np.int32)
+  variables = model.init(jax.random.PRNGKey(1), x, lengths)
+  params = variables['params']
+  y_BxTxH, _ = rnn.RNN('gru', 8, bidirectional=True).apply({'params': params['RNN_0']},
+                                                          x[..., None], lengths)
+  y_BxTxH = np.asarray(y_BxTxH, np.float64)
+  pool = np.mean if readout == 'mean' else np.max
+  summary = np.stack([pool(y_BxTxH[b, :n], axis=0) for b, n in enumerate(lengths)])
+  assert (y_BxTxH[2, :2] < 0).all(axis=0).any()  # a unit an unmasked max would read as 0
+  head = params['Dense_0']
+  np.testing.assert_allclose(model.apply(variables, x, lengths),
+                             summary @ head['kernel'] + head['bias'], rtol=1e-5, atol=1e-6)
+
+
 def test_classifier_last_readout_is_the_final_states_of_both_directions():
   model = rnn_models.RNNClassifier(4, cell='lstm', features=8, bidirectional=True, readout='last')
   x = jax.random.normal(jax.random.PRNGKey(0), (3, 7))
