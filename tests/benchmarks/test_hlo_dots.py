@@ -1,6 +1,7 @@
 """benchmarks/hlo_dots.py reads every matrix product, with its FLOPs, from compiled HLO."""
 
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -90,7 +91,7 @@ def test_groups_within_a_budget_keep_every_product_in_order():
   assert [[p.flops for p in g] for g in groups] == [[0, 1], [2], [3], [4, 5]]
 
 
-def test_the_alone_program_computes_each_product_and_the_timing_covers_every_group():
+def test_the_alone_program_computes_each_product_and_the_timing_covers_every_group(monkeypatch):
   M, K, F = 64, 32, 48
   listed = [hlo_dots.Product((M, K), (K, F), (((1,), (0,)), ((), ())), 'f32', 'f32', 2 * M * K * F),
             hlo_dots.Product((M, K), (M, F), (((0,), (0,)), ((), ())), 'f32', 'f32', 2 * M * K * F),
@@ -106,3 +107,13 @@ def test_the_alone_program_computes_each_product_and_the_timing_covers_every_gro
   budget = 4 * 2 * M * (K + F)  # two groups: the first two products, then the third
   assert [len(g) for g in hlo_dots.groups_within(listed, budget)] == [2, 1]
   assert 0 < hlo_dots.products_alone_seconds(listed, budget_bytes=budget, repeats=3) < 10
+  # On a clock whose calls last 1, 2, 3 s in the first group and 10, 30, 20 s in the second,
+  # the time is the sum of the groups' medians: 2 + 20 s, every group's products compiled.
+  ends = iter(np.cumsum([0, 1, 0, 2, 0, 3, 0, 10, 0, 30, 0, 20]))
+  monkeypatch.setattr(hlo_dots, 'time', types.SimpleNamespace(perf_counter=lambda: next(ends)))
+  timed = []
+  alone_program = hlo_dots.alone_program
+  monkeypatch.setattr(hlo_dots, 'alone_program',
+                      lambda group, key: timed.append(group) or alone_program(group, key))
+  assert hlo_dots.products_alone_seconds(listed, budget_bytes=budget, repeats=3) == 22
+  assert timed == hlo_dots.groups_within(listed, budget)

@@ -70,11 +70,14 @@ def test_main_exits_with_one_sentence_before_compiling(tmp_path):
              f'--config={os.path.join(REPO_ROOT, "experiments/configs/digits_mlp.py")}',
              f'--workdir={workdir}', '--config.optimizer.learning_rate=-0.1']
   start = time.time()
+  # JAX logs every compilation, even of the random key's seed, when JAX_LOG_COMPILES is set.
   result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
-                          env={**os.environ, 'PYTHONPATH': REPO_ROOT, 'JAX_PLATFORMS': 'cpu'})
+                          env={**os.environ, 'PYTHONPATH': REPO_ROOT, 'JAX_PLATFORMS': 'cpu',
+                               'JAX_LOG_COMPILES': '1'})
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
       'error: optimizer.learning_rate must be positive, got -0.1.')
+  assert 'Compiling' not in result.stderr
   assert not (workdir / 'checkpoints').exists()
   assert time.time() - start < 60
 

@@ -106,6 +106,20 @@ def test_report_with_the_exact_score_matches_the_mixture():
   assert all(row['cov_error'] < 4 * row['cov_se'] for row in rows)
 
 
+def test_moment_errors_are_the_written_out_norms_and_standard_errors():
+  x = np.random.default_rng(3).normal(size=(50, 2)) @ np.array([[1.0, 0.5], [0.0, 2.0]]) + [1, -1]
+  mean, cov = np.array([0.9, -1.2]), np.array([[1.2, 0.3], [0.3, 3.5]])
+  errors = md.moment_errors(x, mean, cov)
+  assert errors['mean_error'] == pytest.approx(np.hypot(*(x.mean(0) - mean)), rel=1e-12)
+  assert errors['mean_se'] == pytest.approx(np.sqrt((1.2 + 3.5) / 50), rel=1e-12)
+  assert errors['cov_error'] == pytest.approx(np.sqrt(((np.cov(x.T) - cov) ** 2).sum()), rel=1e-12)
+  # The spread of each centred product (x_i − x̄_i)(x_j − x̄_j) over the 50 samples, summed over
+  # the four (i, j), divided by N.
+  centred = x - x.mean(0)
+  spread = sum(np.var([c[i] * c[j] for c in centred]) for i in range(2) for j in range(2))
+  assert errors['cov_se'] == pytest.approx(np.sqrt(spread / 50), rel=1e-12)
+
+
 def test_settings_and_unusable_runs_are_one_sentence(tmp_path):
   mixture, sde = toy2d.ring(), sde_lib.VESDE()
   with pytest.raises(ValueError, match=r'^pc_steps=0 must be a positive integer\.$'):

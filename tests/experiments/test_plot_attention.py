@@ -44,6 +44,13 @@ def test_figure_shows_the_greedy_decoding_and_weights_over_the_valid_source(atte
   # over the source characters, none on the padding.
   np.testing.assert_array_equal(decoded, task.greedy_decode(
       module, variables, (batch['source'], batch['source_length'])))
+  # The weights are those of the decoded sequence itself: fed back after BOS (greedy decoding
+  # runs all N steps), it is its own argmax at every step, and that pass's weights are drawn.
+  bos = np.full((len(decoded), 1), seq2seq.BOS_ID, np.int32)
+  logits, state = module.apply(variables, np.concatenate([bos, decoded[:, :-1]], 1),
+                               batch['source'], batch['source_length'], mutable=['intermediates'])
+  np.testing.assert_array_equal(np.argmax(logits, -1), decoded)
+  np.testing.assert_allclose(weights, state['intermediates']['attention'][0], rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
   for row, length in enumerate(batch['source_length']):
     assert np.all(weights[row, :, length:] == 0)

@@ -93,14 +93,22 @@ def test_a_gaussian_vae_has_no_cross_entropy_and_is_refused_in_one_sentence():
                              "cross-entropy; only decoder='bernoulli' VAEs are allowed.")
 
 
-def test_the_figure_is_written_with_one_row_per_run(tmp_path):
+def test_the_figure_is_written_with_one_row_per_run(tmp_path, monkeypatch):
   rng = np.random.default_rng(2)
   data = {'inputs': rng.uniform(size=(6, 4, 4, 1)).astype(np.float32),
           'reconstructions': rng.uniform(size=(2, 6, 4, 4, 1)).astype(np.float32),
           'cross_entropy': rng.uniform(size=(2, 6)), 'labels': ['a', 'b'], 'steps': [1, 2],
           'title': 'tiny'}
   path = str(tmp_path / 'sub' / 'figure.png')
+  drawn = []
+  mosaic = plot_reconstructions.plot_vae.mosaic
+  monkeypatch.setattr(plot_reconstructions.plot_vae, 'mosaic',
+                      lambda rows, **kw: drawn.append(rows) or mosaic(rows, **kw))
   plot_reconstructions.plot(data, path)
+  # The images drawn: the inputs, then each run's reconstructions, in the runs' order.
+  assert len(drawn) == 1 and drawn[0].shape == (3, 6, 4, 4, 1)
+  for row, expected in zip(drawn[0], [data['inputs'], *data['reconstructions']]):
+    np.testing.assert_array_equal(row, expected)
   image = plt.imread(path)
   # Three rows of 4×4 images, six columns: the figure is wider than high.
   assert image.shape[1] > image.shape[0] > 100
