@@ -85,8 +85,7 @@ def evaluate(config, workdir: str, *, num_steps: int = 24, split: str = 'test') 
   truth_NxS = values[origins[:, None] + np.arange(1, num_steps + 1)]
 
   saved = checkpoint.restore_arrays(workdir)
-  params = saved['ema_params'] if saved.get('ema_params') is not None else saved['params']
-  variables = {'params': params, **(saved.get('model_state') or {})}
+  variables = checkpoint.eval_variables(saved)
   scaler = meta['scaler']
   scaled_NxT = series.scale(scaler, history(context))
   model = config.model.name

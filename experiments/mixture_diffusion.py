@@ -369,8 +369,7 @@ def _load(workdir: str) -> dict:
   if shape != (2,):
     raise ValueError(f'The run in {workdir!r} has points of shape {shape}, not 2-D points.')
   saved = checkpoint.restore_arrays(workdir)
-  params = saved['ema_params'] if saved.get('ema_params') is not None else saved['params']
-  variables = jax.device_put({'params': params, **(saved.get('model_state') or {})})
+  variables = jax.device_put(checkpoint.eval_variables(saved))
   # The task's own reading of the network output (score = −o/std(t) for score_sde).
   apply = lambda x, t_B: model.apply(variables, x, t_B)
   score_fn = task.model_fn(apply)

@@ -65,8 +65,7 @@ def plot(workdir: str, indices: list[int], output: str) -> list[str]:
     raise ValueError(f'--indices {bad} are outside the eval split, which has {len(eval_source)} '
                      'examples.')
   state = checkpoint.restore_arrays(workdir)
-  params = state['ema_params'] if state.get('ema_params') is not None else state['params']
-  variables = {'params': params, **(state.get('model_state') or {})}
+  variables = checkpoint.eval_variables(state)
   batch = task.preprocess(pipeline.read_batch(eval_source, np.array(indices)))
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   decoded_BxN, weights_BxNxS = decode_with_attention(task, module, variables, batch)

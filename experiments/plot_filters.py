@@ -75,8 +75,7 @@ def plot(workdir: str, index: int, output: str) -> str:
     raise ValueError(f'--index={index} is outside the eval split, which has {len(eval_source)} '
                      'examples.')
   state = checkpoint.restore_arrays(workdir)
-  params = state['ema_params'] if state.get('ema_params') is not None else state['params']
-  variables = {'params': params, **(state.get('model_state') or {})}
+  variables = checkpoint.eval_variables(state)
   batch = task.preprocess(pipeline.read_batch(eval_source, np.array([index])))
   batch = task.transform({}, {k: jnp.asarray(v) for k, v in batch.items()}, False)
   kernel, maps = first_conv(module, variables, task.model_inputs(batch))

@@ -158,8 +158,7 @@ def figure_data(workdirs, num: int, seed: int) -> dict:
     images = np.asarray(jax.jit(lambda rngs, batch, task=task: task.transform(
         rngs, batch, False)['input'])(rngs, batch))
     state = checkpoint.restore_arrays(workdir)
-    params = state['ema_params'] if state.get('ema_params') is not None else state['params']
-    variables = {'params': params, **(state.get('model_state') or {})}
+    variables = checkpoint.eval_variables(state)
     out = compute(module, variables, images)
     inputs = images if inputs is None else inputs
     labels.append(config.model.name)

@@ -120,8 +120,7 @@ def figure_data(workdir: str, num: int, seed: int) -> dict:
   if num > len(eval_source):
     raise ValueError(f'--num={num} is more than the {len(eval_source)} images of the eval split.')
   state = checkpoint.restore_arrays(workdir)
-  params = state['ema_params'] if state.get('ema_params') is not None else state['params']
-  variables = {'params': params, **(state.get('model_state') or {})}
+  variables = checkpoint.eval_variables(state)
 
   count = min(len(eval_source), MAP_EXAMPLES) if module.latent_dim == 2 else num
   records = pipeline.read_batch(eval_source, np.arange(count))

@@ -53,8 +53,7 @@ def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, to
   options = config.model.to_dict()
   model = registry.build(options.pop('name'), None, {'vocab_size': tokenizer.vocab_size}, **options)
   state = checkpoint.restore_arrays(workdir)
-  params = state['ema_params'] if state.get('ema_params') is not None else state['params']
-  variables = {'params': params, **(state.get('model_state') or {})}
+  variables = checkpoint.eval_variables(state)
   samples = sampling.generate_text(model, variables, tokenizer, prompt, jax.random.PRNGKey(seed),
                                    num_samples=num_samples, num_new_tokens=num_tokens,
                                    temperature=temperature, top_k=top_k, top_p=top_p)

@@ -428,6 +428,13 @@ def _digest_mismatch(state, data_state, digest) -> str | None:
 
 # Reading without a Checkpointer ---------------------------------------------
 
+def eval_variables(saved: dict) -> dict:
+  """The variables the run of `saved` (from `restore_arrays`) evaluates with: the parameter
+  EMA when the run kept one, else the parameters, beside the model state (batch statistics)."""
+  params = saved['params'] if saved.get('ema_params') is None else saved['ema_params']
+  return {'params': params, **(saved.get('model_state') or {})}
+
+
 def restore_arrays(workdir: str, step: int | None = None) -> dict:
   """The saved train state of `step` (the newest good one by default) as dicts of NumPy arrays.
 

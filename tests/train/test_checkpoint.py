@@ -563,3 +563,12 @@ def test_two_processes_take_the_same_decision(tmp_path):
   warned = [line for _, err in outputs for line in err.splitlines() if 'set it aside' in line]
   assert len(warned) == 1, warned  # process 0 renames and says so, once
   assert 'cannot be read (on process 1: ' in warned[0]  # process 0 read its shards fine
+
+
+def test_eval_variables_are_the_ema_when_the_run_kept_one():
+  params, ema, stats = {'w': np.zeros(2)}, {'w': np.ones(2)}, {'batch_stats': {'mean': np.ones(3)}}
+  saved = {'step': np.int32(4), 'params': params, 'ema_params': ema, 'model_state': stats}
+  assert checkpoint.eval_variables(saved) == {'params': ema, 'batch_stats': stats['batch_stats']}
+  # A run without an EMA saves none (or None) and no model state: its parameters alone.
+  for without in ({'params': params}, {'params': params, 'ema_params': None, 'model_state': None}):
+    assert checkpoint.eval_variables(without) == {'params': params}
