@@ -138,3 +138,15 @@ def test_bad_flags_are_refused_when_parsed(flag, message):
   with pytest.raises(flags.IllegalFlagValueError, match=re.escape(message)):
     parse(flag)
   assert parse('--delay=11', '--scales=0.5,3').delay == 11  # the largest delay; scales parse
+
+
+def test_a_large_gru_update_gate_bias_keeps_the_state():
+  # h' = z ⊙ h + (1 − z) ⊙ h̃ with z = σ(… + b_z): b_z = 20 gives z ≈ 1, so ∂s_T/∂s_t ≈ I at
+  # every distance (a bias added to the reset gate's slice instead would leave z ≈ ½).
+  x_TxC = jax.random.normal(jax.random.key(1), (T, C))
+  for bias, check in ((20.0, lambda n: np.abs(n).max() < 1e-3), (0.0, lambda n: n[-1] < -0.5)):
+    cell, variables = vg.make_cell('gru', H, C, jax.random.key(0), None, bias)
+    step = vg.flat_step(cell, C)
+    _, jacobians = vg.step_jacobians(step, variables, vg.initial_state(cell, C), x_TxC)
+    log10_norms = np.asarray(vg.log10_jacobian_norms(jacobians))
+    assert check(log10_norms), (bias, log10_norms)
