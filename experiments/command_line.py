@@ -17,6 +17,7 @@ import os
 import re
 import sys
 
+from absl import app
 from absl import flags
 import ml_collections
 from ml_collections.config_flags import config_path
@@ -148,6 +149,20 @@ def parse_flags(argv: list[str], *, doc: str) -> list[str]:
     _exit_with(_missing('--workdir', 'the directory for checkpoints, logs and metrics, e.g. '
                         '--workdir=workdirs/digits_mlp'))
   return rest
+
+
+def integers_at_least(values: list[str], flag: str, least: int = 1, why: str = '') -> list[int]:
+  """A list flag's `values` as integers of at least `least`, in order, or UsageError naming the
+  flag and its values (`why`, if given, is said in brackets)."""
+  try:
+    numbers = [int(v) for v in values]
+  except ValueError:
+    numbers = []
+  if not numbers or min(numbers) < least:
+    allowed = 'positive integers' if least == 1 else f'integers of at least {least}'
+    raise app.UsageError(f'--{flag}={",".join(values)} must be {allowed}'
+                         + (f' ({why})' if why else '') + '.')
+  return numbers
 
 
 def _exit_with(sentence: str):

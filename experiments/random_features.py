@@ -22,6 +22,7 @@ from sklearn import linear_model
 from sklearn import model_selection
 from sklearn import svm
 
+from experiments import command_line
 from models import random_features
 
 FLAGS = flags.FLAGS
@@ -71,20 +72,9 @@ def define_flags() -> None:
   flags.DEFINE_integer('split_seed', 0, 'Seed of the stratified 70/30 train/test split.')
 
 
-def feature_counts(values: list[str]) -> list[int]:
-  """--num_features as positive integers, or UsageError naming the value."""
-  try:
-    counts = [int(v) for v in values]
-  except ValueError:
-    counts = []
-  if not counts or min(counts) < 1:
-    raise app.UsageError(f'--num_features={",".join(values)} must be positive integers.')
-  return counts
-
-
 def main(argv):
   del argv
-  counts = feature_counts(FLAGS.num_features)
+  counts = command_line.integers_at_least(FLAGS.num_features, 'num_features')
   x_train, x_test, y_train, y_test = load_split(FLAGS.split_seed)
   gamma = FLAGS.gamma if FLAGS.gamma is not None else 1.0 / (x_train.shape[1] * x_train.var())
   print(f'digits: {len(x_train)} train, {len(x_test)} test; gamma = {gamma:.4f}, ridge = {FLAGS.ridge}')

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 import optax
 
+from experiments import command_line
 from models import universal_approximation
 from models.mlp import MLP
 
@@ -97,21 +98,10 @@ def define_flags() -> None:
   flags.DEFINE_integer('seed', 0, 'Seed of the trained networks.')
 
 
-def parse_widths(values: list[str]) -> list[int]:
-  """--widths as integers of at least 4 (the construction's least width), or UsageError."""
-  try:
-    widths = [int(v) for v in values]
-  except ValueError:
-    widths = []
-  if not widths or min(widths) < 4:
-    raise app.UsageError(f'--widths={",".join(values)} must be integers of at least 4 (the '
-                         'interpolating network uses width - 2 grid points, two or more).')
-  return widths
-
-
 def main(argv):
   del argv
-  widths = parse_widths(FLAGS.widths)
+  widths = command_line.integers_at_least(
+      FLAGS.widths, 'widths', 4, 'the interpolating network uses width - 2 grid points, two or more')
   os.makedirs(FLAGS.workdir, exist_ok=True)
   print(f'{"width":>6}  {"construction":>14}  {"trained":>12}')
   rows = run(widths, FLAGS.train_steps, FLAGS.learning_rate, FLAGS.seed)

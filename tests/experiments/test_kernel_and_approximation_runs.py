@@ -9,6 +9,7 @@ from absl import app
 import numpy as np
 import pytest
 
+from experiments import command_line
 from experiments import random_features
 from experiments import universal_approximation
 from tests.messages import one_sentence
@@ -32,12 +33,12 @@ def test_random_features_accuracy_approaches_the_exact_kernel_machine_as_feature
 @pytest.mark.parametrize('values', [['0', '5'], ['-50'], ['a'], []])
 def test_feature_counts_must_be_positive_integers(values):
   # Zero features gave NaN accuracies, and no counts an empty table, after the exact machines.
-  one_sentence(lambda: random_features.feature_counts(values), f'--num_features={",".join(values)}',
-               'positive integers', error=app.UsageError)
+  one_sentence(lambda: command_line.integers_at_least(values, 'num_features'),
+               f'--num_features={",".join(values)} must be positive integers.', error=app.UsageError)
 
 
 def test_feature_counts_parse_in_order():
-  assert random_features.feature_counts(['500', '50']) == [500, 50]
+  assert command_line.integers_at_least(['500', '50'], 'num_features') == [500, 50]
 
 
 def test_the_constructed_network_meets_the_interpolation_bound_and_training_fits(tmp_path):
@@ -62,12 +63,13 @@ def test_the_constructed_network_meets_the_interpolation_bound_and_training_fits
 def test_widths_below_the_construction_are_refused(values):
   # Width 3 has one grid point to interpolate on; the script raised from the model after
   # training the widths before it, and an empty list wrote an empty table, then crashed.
-  one_sentence(lambda: universal_approximation.parse_widths(values), f'--widths={",".join(values)}',
-               'at least 4', error=app.UsageError)
+  one_sentence(lambda: command_line.integers_at_least(values, 'widths', 4, 'why'),
+               f'--widths={",".join(values)} must be integers of at least 4 (why).',
+               error=app.UsageError)
 
 
 def test_widths_parse_in_order():
-  assert universal_approximation.parse_widths(['64', '4']) == [64, 4]
+  assert command_line.integers_at_least(['64', '4'], 'widths', 4) == [64, 4]
 
 
 @pytest.mark.parametrize('flag, message', [
