@@ -86,6 +86,36 @@ def test_writes_before_and_after_and_leaves_the_run_as_it_was(trained_run, capsy
   assert out[0].startswith('before: accuracy=') and out[1].startswith('after: accuracy=')
 
 
+def test_the_statistics_come_from_the_first_training_examples_as_evaluated(trained_run,
+                                                                            monkeypatch):
+  # What the recomputation is fed, against the run's first 300 training examples read here
+  # (not the eval split, not the training transform).
+  from data import pipeline  # pylint: disable=g-import-not-at-top
+  from train import batch_stats, loop  # pylint: disable=g-import-not-at-top
+  fed = []
+  recompute = batch_stats.recompute_batch_stats
+
+  def recording(module, variables, batches, *, model_inputs, **kwargs):
+    def recorded():
+      for batch in batches():
+        fed.append((np.asarray(model_inputs(batch)[0]), np.asarray(batch['mask'])))
+        yield batch
+    return recompute(module, variables, recorded, model_inputs=model_inputs, **kwargs)
+
+  monkeypatch.setattr(batch_stats, 'recompute_batch_stats', recording)
+  record = script.recompute(trained_run, examples=300, batch_size=64)
+  first_pass = []
+  for inputs, mask in fed:
+    first_pass.append(inputs[mask > 0])
+    if sum(map(len, first_pass)) >= 300:
+      break
+  train_source, _, _, task, _ = loop.build_parts(loop.read_config(trained_run), trained_run)
+  batch = task.preprocess(pipeline.read_batch(train_source, np.arange(300)))
+  expected = np.asarray(task.model_inputs(task.transform({}, batch, False))[0])
+  np.testing.assert_array_equal(np.concatenate(first_pass)[:300], expected)
+  assert record['train_examples'] == 300
+
+
 def _error(workdir, monkeypatch, **kwargs) -> str:
   def unreachable(*args, **kwargs):
     raise AssertionError('the checkpoint was read (and its digest compiled) before the error')
