@@ -1,5 +1,5 @@
 """The random-features and universal-approximation experiments: their figures come from the
-quantities the theory predicts."""
+quantities the theory predicts, and bad flags are refused before any work."""
 
 import os
 import subprocess
@@ -37,10 +37,6 @@ def test_feature_counts_must_be_positive_integers(values):
                f'--num_features={",".join(values)} must be positive integers.', error=app.UsageError)
 
 
-def test_feature_counts_parse_in_order():
-  assert command_line.integers_at_least(['500', '50'], 'num_features') == [500, 50]
-
-
 def test_the_constructed_network_meets_the_interpolation_bound_and_training_fits(tmp_path):
   rows = universal_approximation.run([8, 32, 128], train_steps=0, learning_rate=1e-2, seed=0)
   for width, constructed, trained in rows:
@@ -68,7 +64,8 @@ def test_widths_below_the_construction_are_refused(values):
                error=app.UsageError)
 
 
-def test_widths_parse_in_order():
+def test_list_flags_of_integers_parse_in_order():
+  assert command_line.integers_at_least(['500', '50'], 'num_features') == [500, 50]
   assert command_line.integers_at_least(['64', '4'], 'widths', 4) == [64, 4]
 
 
