@@ -37,7 +37,8 @@ def test_feature_counts_must_be_positive_integers(values):
                f'--num_features={",".join(values)} must be positive integers.', error=app.UsageError)
 
 
-def test_the_constructed_network_meets_the_interpolation_bound_and_training_fits(tmp_path):
+def test_the_constructed_network_meets_the_interpolation_bound_and_training_fits(
+    tmp_path, monkeypatch):
   rows = universal_approximation.run([8, 32, 128], train_steps=0, learning_rate=1e-2, seed=0)
   for width, constructed, trained in rows:
     # Linear interpolation of sin on width - 2 grid points, spacing h = 2π / (width - 3):
@@ -50,9 +51,22 @@ def test_the_constructed_network_meets_the_interpolation_bound_and_training_fits
       universal_approximation.train_network(32, steps, 1e-2, 0), x_N) for steps in (1, 1000)}
   assert error[1000] < 0.2 < 0.5 < error[1]  # measured 0.127 after 1,000 Adam steps
   path = str(tmp_path / 'ua.png')
+  figures = []
+  monkeypatch.setattr(universal_approximation.plt, 'close', figures.append)
   universal_approximation.plot(rows, path)
   with open(path, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  # The figure draws the errors measured and, dashed, the bound they meet: the dashed line
+  # must sit on the measured construction errors (within the 10% above), not just anywhere.
+  (ax,) = figures[0].axes
+  lines = {line.get_label(): line for line in ax.get_lines()}
+  construction = next(line for label, line in lines.items() if label.startswith('Lemma'))
+  bound = next(line for label, line in lines.items() if label.startswith('bound'))
+  assert 'trained with Adam' not in lines  # no network was trained
+  np.testing.assert_array_equal(construction.get_xdata(), [8, 32, 128])
+  np.testing.assert_array_equal(bound.get_xdata(), [8, 32, 128])
+  np.testing.assert_array_equal(construction.get_ydata(), [row[1] for row in rows])
+  np.testing.assert_allclose(bound.get_ydata(), construction.get_ydata(), rtol=0.11)
 
 
 @pytest.mark.parametrize('values', [['0'], ['3'], ['8', '2'], ['a'], []])
