@@ -77,6 +77,30 @@ def test_each_kind_is_its_function_between_the_projections(kind, options, functi
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize('kind, function, options', [
+    ('linear', 'linear_attention', {'block': 3}),
+    ('performer', 'performer_attention', {'block': 3, 'num_features': 8}),
+    ('chunked', 'chunked_attention', {'query_block': 3, 'key_block': 6}),
+    ('local', 'sparse_attention', {'block': 3, 'query_blocks': 2}),
+])
+def test_options_that_leave_the_result_unchanged_still_reach_the_kind(
+    monkeypatch, kind, function, options):
+  # Block sizes change how a kind computes, not what, so the equalities above would pass
+  # with the options dropped; the call itself must receive them.
+  library = {'linear': kinds.linear_lib, 'performer': kinds.performer_lib,
+             'chunked': kinds.chunked_lib, 'local': kinds.sparse_lib}[kind]
+  calls = []
+  original = getattr(library, function)
+  monkeypatch.setattr(library, function, lambda *a, **kw: calls.append(kw) or original(*a, **kw))
+  layer, params, x = layer_and_params(attention=kind, attention_options=tuple(options.items()))
+  calls.clear()  # The ones from init.
+  layer.apply({'params': params}, x, causal=True)
+  (received,) = calls
+  for name, value in options.items():
+    if name != 'num_features':  # Performer's feature count sets the features drawn instead.
+      assert received[name] == value, (name, received)
+
+
 def test_performer_draws_features_from_its_stream_in_training_and_a_fixed_draw_otherwise():
   layer, params, x = layer_and_params(attention='performer',
                                       attention_options=(('num_features', 8), ('block', 4)))
