@@ -165,6 +165,22 @@ def integers_at_least(values: list[str], flag: str, least: int = 1, why: str = '
   return numbers
 
 
+def output_file(path: str, flag: str, *, figure: bool = True) -> str:
+  """`path`, given by `--flag`, checked as a file to write before any work is done, or
+  UsageError: it must not be a folder and, for a figure, must end in a format matplotlib
+  writes (its folder is made when the file is written)."""
+  if os.path.isdir(path):
+    raise app.UsageError(f'--{flag}={path} is a folder; give the file to write in it.')
+  if figure:
+    import matplotlib.figure  # pylint: disable=g-import-not-at-top
+    formats = sorted(matplotlib.figure.Figure().canvas.get_supported_filetypes())
+    suffix = os.path.splitext(path)[1].lstrip('.').lower()
+    if suffix not in formats:
+      raise app.UsageError(f'--{flag}={path} must end in a figure format: '
+                           f'{", ".join("." + f for f in formats)}.')
+  return path
+
+
 def _exit_with(sentence: str):
   sys.stderr.write(f'error: {sentence}\n')
   sys.exit(1)
