@@ -26,4 +26,5 @@ def test_a_figure_must_end_in_a_format_matplotlib_writes(tmp_path, name):
   message = one_sentence(lambda: command_line.output_file(str(tmp_path / name), 'output'),
                          f'--output={tmp_path / name} must end in a figure format',
                          error=app.UsageError)
-  assert '.png' in message and '.pdf' in message and '.pngg' not in message
+  formats = message.split('figure format: ')[1].rstrip('.').split(', ')
+  assert {'.png', '.pdf', '.svg'} <= set(formats) and '.pngg' not in formats and '.txt' not in formats
