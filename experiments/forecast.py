@@ -44,6 +44,30 @@ def _check_num_steps(num_steps) -> None:
     raise ValueError(f'--num_steps must be a positive integer, got {num_steps!r}.')
 
 
+def forecast_origins(config, meta: dict, num_steps: int, split: str = 'test'):
+  """(the series, the indices of `split`'s forecast origins), or ValueError in one sentence
+  when the config forecasts no series or `split` is too short for one forecast."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from data import series  # pylint: disable=g-import-not-at-top
+  _check_num_steps(num_steps)
+  if 'series_window' not in meta:
+    raise ValueError(f'The config of data set {config.data.name!r} does not forecast a series '
+                     '(it sets no data.series_window).')
+  name, options = config.data.name, dict(config.data.get('options') or {})
+  values, bounds = series.load_series(name, meta['series_key'],
+                                      data_dir=config.data.get('data_dir'), **options)
+  if split not in bounds:
+    raise ValueError(f'{split!r} is not a split of {name!r}; its splits are: '
+                     f'{", ".join(bounds)}.')
+  start, stop = bounds[split]
+  first = max(start - 1, meta['series_window'] - 1, SEASON - 1)
+  origins = np.arange(first, stop - num_steps)
+  if not len(origins):
+    raise ValueError(f'The {split} split of {name!r} has {stop - start} values, too few for one '
+                     f'forecast of --num_steps={num_steps}; give at most {stop - 1 - first}.')
+  return values, origins
+
+
 def train(config, workdir: str) -> dict:
   """Trains (or resumes) the run with the shared train library; its final eval metrics."""
   from train import loop  # pylint: disable=g-import-not-at-top
@@ -62,25 +86,13 @@ def evaluate(config, workdir: str, *, num_steps: int = 24, split: str = 'test') 
   from models.sequence import forecasting  # pylint: disable=g-import-not-at-top
   from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
 
-  _check_num_steps(num_steps)
   _, _, meta, task, module = loop.build_parts(config, workdir)
-  if 'series_window' not in meta:
-    raise ValueError(f'The config of {workdir!r} does not forecast a series (it sets no '
-                     'data.series_window).')
-  name, options = config.data.name, dict(config.data.get('options') or {})
-  load = lambda key: series.load_series(name, key, data_dir=config.data.get('data_dir'), **options)
-  values, bounds = load(meta['series_key'])
-  years, _ = load('year')
-  months, _ = load('month')
-  if split not in bounds:
-    raise ValueError(f'{split!r} is not a split of {name!r}; its splits are: '
-                     f'{", ".join(bounds)}.')
-  start, stop = bounds[split]
+  values, origins = forecast_origins(config, meta, num_steps, split)
+  load = lambda key: series.load_series(config.data.name, key,
+                                        data_dir=config.data.get('data_dir'),
+                                        **dict(config.data.get('options') or {}))[0]
+  years, months = load('year'), load('month')
   context = meta['series_window']
-  origins = np.arange(max(start - 1, context - 1, SEASON - 1), stop - num_steps)
-  if not len(origins):
-    raise ValueError(f'The {split} split of {name!r} has {stop - start} values, too few for one '
-                     f'forecast of --num_steps={num_steps}.')
   history = lambda length: values[origins[:, None] + np.arange(-length + 1, 1)]
   truth_NxS = values[origins[:, None] + np.arange(1, num_steps + 1)]
 
@@ -191,20 +203,23 @@ def write_record(workdir: str, record: dict) -> str:
 
 def run(config, workdir: str, *, num_steps: int = 24, figure: str | None = None) -> dict:
   """The command: trains, evaluates, prints the table and writes the record and the figure."""
+  from experiments import command_line  # pylint: disable=g-import-not-at-top
   from train import loop  # pylint: disable=g-import-not-at-top
+  figure = figure or os.path.join(workdir, 'forecast.png')
   try:
-    _check_num_steps(num_steps)
+    command_line.output_file(figure, 'figure')
+    # Whether the config forecasts and the test split holds a forecast, before training.
+    forecast_origins(config, loop.build_parts(config, workdir)[2], num_steps)
     final = train(config, workdir)
     print('final eval: ' + ' '.join(f'{k}={v:.4f}' for k, v in sorted(final.items())))
     record = evaluate(config, workdir, num_steps=num_steps)
   except loop.Stopped as e:
     sys.stderr.write(f'{e}\n')
     sys.exit(e.exit_code)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, app.UsageError) as e:
     sys.exit(f'error: {e}')
   print(table(record))
   path = write_record(workdir, record)
-  figure = figure or os.path.join(workdir, 'forecast.png')
   plot(record, figure, title=f'{config.model.name} on {config.data.name}, step '
        f'{record["checkpoint_step"]}')
   print(f'written to {path} and {figure}', file=sys.stderr)

@@ -100,3 +100,36 @@ def test_a_bad_step_count_stops_before_training_in_one_sentence(config, tmp_path
     forecast.run(config, str(tmp_path / 'run'), num_steps=0)
   assert str(info.value) == 'error: --num_steps must be a positive integer, got 0.'
   assert not os.path.exists(tmp_path / 'run')
+
+
+def test_a_config_that_forecasts_no_series_stops_before_training(tmp_path):
+  from experiments.configs import digits_mlp  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as info:
+    forecast.run(digits_mlp.get_config(), str(tmp_path / 'run'))
+  assert str(info.value) == ("error: The config of data set 'digits' does not forecast a series "
+                             "(it sets no data.series_window).")
+  assert not os.path.exists(tmp_path / 'run')
+
+
+def test_more_steps_than_the_test_split_holds_stop_before_training(config, tmp_path):
+  test_months = len(datasets.load('co2', 'test', data_dir=config.data.data_dir))
+  # The first origin is the month before the test split (the window and the season are
+  # shorter than the months before it), so a forecast of test_months steps is the longest.
+  with pytest.raises(SystemExit) as info:
+    forecast.run(config, str(tmp_path / 'run'), num_steps=test_months + 1)
+  assert str(info.value) == (f"error: The test split of 'co2' has {test_months} values, too few "
+                             f"for one forecast of --num_steps={test_months + 1}; give at most "
+                             f"{test_months}.")
+  assert not os.path.exists(tmp_path / 'run')
+  meta = {'series_window': config.data.series_window, 'series_key': 'co2'}
+  _, origins = forecast.forecast_origins(config, meta, test_months)
+  assert len(origins) == 1
+
+
+@pytest.mark.parametrize('name', ['figure.pngg', 'folder'])
+def test_a_figure_that_cannot_be_written_stops_before_training(config, tmp_path, name):
+  (tmp_path / 'folder').mkdir()
+  with pytest.raises(SystemExit) as info:
+    forecast.run(config, str(tmp_path / 'run'), figure=str(tmp_path / name))
+  assert str(info.value).startswith(f'error: --figure={tmp_path / name} ')
+  assert not os.path.exists(tmp_path / 'run')
