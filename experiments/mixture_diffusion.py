@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data import toy2d
+from experiments import command_line
 from models.generative import langevin
 from models.generative import sde as sde_lib
 
@@ -394,11 +395,13 @@ def run(workdir: str | None, *, num_samples: int = 2000, seed: int = 0,
   try:
     if not workdir:
       raise ValueError('--workdir must name the work directory of a trained score_sde run.')
+    if figure:
+      command_line.output_file(figure, 'figure')
     loaded = _load(workdir)
     start = time.perf_counter()
     result = report(loaded['score_fn'], loaded['sde'], loaded['mixture'], loaded['test_points'],
                     jax.random.PRNGKey(seed), num_samples=num_samples, **settings)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, app.UsageError) as e:
     sys.exit(f'error: {e}')
   samples = result.pop('samples')
   result.update(step=loaded['step'], seed=seed, sde=type(loaded['sde']).__name__,

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 
+from experiments import command_line
 from experiments import plot_vae
 from models.generative import autoencoders
 
@@ -146,18 +147,18 @@ def figure_data(workdirs, num: int, seed: int) -> dict:
     _check_module(module, f'The model of the run in {workdir!r}')
   if num > len(eval_source):
     raise ValueError(f'--num={num} is more than the {len(eval_source)} images of the eval split.')
+  states = [checkpoint.restore_arrays(workdir) for workdir in workdirs]  # each run has one
 
   indices = np.random.default_rng(seed).choice(len(eval_source), num, replace=False)
   records = pipeline.read_batch(eval_source, indices)
   key = jax.random.PRNGKey(seed)
   inputs, labels, steps, reconstructions, cross_entropies = None, [], [], [], []
-  for (_, _, _, task, module), config, workdir in zip(parts, configs, workdirs):
+  for (_, _, _, task, module), config, state in zip(parts, configs, states):
     batch = {k: jnp.asarray(v) for k, v in task.preprocess(records).items()}
     rngs = {name: jax.random.fold_in(key, i) for i, name in enumerate(task.rng_streams)}
     # Evaluation inputs: no corruption; pixels/255 (or a VAE task's dequantisation).
     images = np.asarray(jax.jit(lambda rngs, batch, task=task: task.transform(
         rngs, batch, False)['input'])(rngs, batch))
-    state = checkpoint.restore_arrays(workdir)
     variables = checkpoint.eval_variables(state)
     out = compute(module, variables, images)
     inputs = images if inputs is None else inputs
@@ -200,8 +201,9 @@ def run(workdirs, num: int = 10, seed: int = 0, output: str | None = None) -> di
   try:
     if not output:
       raise ValueError('--output must name the PNG file to write.')
+    command_line.output_file(output, 'output')
     data = figure_data(workdirs, num, seed)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, app.UsageError) as e:
     sys.exit(f'error: {e}')
   plot(data, output)
   return data

@@ -226,9 +226,12 @@ def plot(data: dict, path: str) -> None:
 def run(workdir: str | None, num: int = 8, seed: int = 0, output: str | None = None) -> str:
   """The command: writes the figure and returns its path; a bad input exits with status 1 and
   one sentence."""
+  from experiments import command_line  # pylint: disable=g-import-not-at-top
   try:
+    if output:
+      command_line.output_file(output, 'output')
     data = figure_data(workdir, num, seed)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, app.UsageError) as e:
     sys.exit(f'error: {e}')
   output = output or os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
   plot(data, output)

@@ -118,8 +118,7 @@ class Checkpointer:
     """
     step = self.latest_step() if step is None else step
     if step is None or not os.path.isdir(self._path(step)):
-      raise FileNotFoundError(f'No checkpoint of step {step} in {self.directory!r}; found steps '
-                              f'{list(self.manager.all_steps())}.')
+      raise _no_checkpoint(self.directory, step, list(self.manager.all_steps()))
     try:
       return self._restore_verified(step, abstract_state)
     except _Damaged as damage:
@@ -435,6 +434,12 @@ def eval_variables(saved: dict) -> dict:
   return {'params': params, **(saved.get('model_state') or {})}
 
 
+def _no_checkpoint(directory: str, step: int | None, steps: list[int]) -> FileNotFoundError:
+  if step is None:
+    return FileNotFoundError(f'No checkpoint in {directory!r}: the run has saved none.')
+  return FileNotFoundError(f'No checkpoint of step {step} in {directory!r}; found steps {steps}.')
+
+
 def restore_arrays(workdir: str, step: int | None = None) -> dict:
   """The saved train state of `step` (the newest good one by default) as dicts of NumPy arrays.
 
@@ -448,7 +453,7 @@ def restore_arrays(workdir: str, step: int | None = None) -> dict:
   steps = (sorted(int(d) for d in os.listdir(directory) if d.isdigit())
            if os.path.isdir(directory) else [])
   if not steps or (step is not None and step not in steps):
-    raise FileNotFoundError(f'No checkpoint of step {step} in {directory!r}; found steps {steps}.')
+    raise _no_checkpoint(directory, step, steps)
   for candidate in ([step] if step is not None else steps[::-1]):
     path = os.path.join(directory, str(candidate))
     try:

@@ -132,6 +132,12 @@ def test_settings_and_unusable_runs_are_one_sentence(tmp_path):
     md.learned_score_fn(missing)
   with pytest.raises(SystemExit, match=r'^error: The work directory .*missing\' does not exist\.$'):
     md.run(missing)
+  # A figure that cannot be written is refused before the run is read, so an earlier record
+  # stays as it was.
+  (tmp_path / md.OUTPUT_FILE).write_text('an earlier record')
+  with pytest.raises(SystemExit, match=r'^error: --figure=.*samples\.pngg must end in a figure '):
+    md.run(str(tmp_path), figure=str(tmp_path / 'samples.pngg'))
+  assert (tmp_path / md.OUTPUT_FILE).read_text() == 'an earlier record'
   for name, change, message in (
       ('ddpm', {'task': {**RUN_CONFIG['task'], 'objective': 'ddpm'}},
        r"trains task 'diffusion' with objective 'ddpm'; this script needs task 'diffusion' with "

@@ -240,3 +240,28 @@ def test_runs_of_other_image_shapes_and_a_gaussian_vae_are_one_sentence(tmp_path
   assert _error([first, gaussian], monkeypatch, build=True) == (
       f"error: The model of the run in '{gaussian}' is a VAE with decoder='gaussian', which has "
       "no Bernoulli cross-entropy; only decoder='bernoulli' VAEs are allowed.")
+
+
+def test_a_run_without_a_checkpoint_is_refused_before_any_run_is_computed(tmp_path, data_dir,
+                                                                          monkeypatch):
+  trained = _fake_run(str(tmp_path / 'dae'), _config(data_dir, 'denoising_autoencoder'))
+  untrained = tmp_path / 'untrained'
+  untrained.mkdir()
+  (untrained / 'config.json').write_text(_config(data_dir, 'autoencoder').to_json())
+  computed = []
+  monkeypatch.setattr(plot_reconstructions, 'compute', lambda *a: computed.append(a))
+  with pytest.raises(SystemExit) as info:
+    plot_reconstructions.run([trained, str(untrained)], 4, 0, str(tmp_path / 'figure.png'))
+  assert info.value.code == (f"error: No checkpoint in {str(untrained / 'checkpoints')!r}: "
+                             'the run has saved none.')
+  assert not computed and not os.path.exists(tmp_path / 'figure.png')
+
+
+@pytest.mark.parametrize('name', ['folder', 'figure.pngg'])
+def test_an_output_that_cannot_be_written_is_refused_before_any_run_is_read(tmp_path,
+                                                                            monkeypatch, name):
+  (tmp_path / 'folder').mkdir()
+  monkeypatch.setattr(loop, 'read_config', lambda *a: pytest.fail('a run was read'))
+  with pytest.raises(SystemExit) as info:
+    plot_reconstructions.run([str(tmp_path)], 4, 0, str(tmp_path / name))
+  assert info.value.code.startswith(f'error: --output={tmp_path / name} ')

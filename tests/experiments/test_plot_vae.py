@@ -178,3 +178,13 @@ def test_a_run_of_another_model_is_one_sentence(tmp_path, data_dir, monkeypatch)
 def test_a_bad_num_is_one_sentence(tmp_path, monkeypatch):
   assert _error(tmp_path, monkeypatch, num=0) == (
       'error: --num=0 is not allowed; reconstruct from 1 to 32 images.')
+
+
+@pytest.mark.parametrize('name', ['folder', 'figure.pngg'])
+def test_an_output_that_cannot_be_written_is_refused_before_the_run_is_read(tmp_path,
+                                                                            monkeypatch, name):
+  (tmp_path / 'folder').mkdir()
+  monkeypatch.setattr(plot_vae, 'figure_data', lambda *a: pytest.fail('the run was read'))
+  with pytest.raises(SystemExit) as info:
+    plot_vae.run(str(tmp_path), 8, 0, str(tmp_path / name))
+  assert info.value.code.startswith(f'error: --output={tmp_path / name} ')

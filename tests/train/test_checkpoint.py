@@ -17,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from tests.messages import one_sentence
 from tests.subprocess_util import REPO_ROOT, run_python
 from train import checkpoint
 
@@ -223,8 +224,12 @@ def test_no_checkpoints_gives_none(tmp_path):
   ckpt.check_compatible(_abstract(_make_state(0)))
   assert ckpt.restore_latest(_abstract(_make_state(0))) is None
   ckpt.close()
-  with pytest.raises(FileNotFoundError, match='No checkpoint'):
-    checkpoint.restore_arrays(str(tmp_path))
+  directory = os.path.join(str(tmp_path), 'checkpoints')
+  assert one_sentence(lambda: checkpoint.restore_arrays(str(tmp_path)), error=FileNotFoundError) == (
+      f'No checkpoint in {directory!r}: the run has saved none.')
+  assert one_sentence(lambda: checkpoint.restore_arrays(str(tmp_path), 3),
+                      error=FileNotFoundError) == (
+      f'No checkpoint of step 3 in {directory!r}; found steps [].')
 
 
 def test_intact_checkpoints_restore_the_newest_bit_identical(workdir, caplog):
