@@ -5,7 +5,8 @@ r"""Samples text from a trained language-model run, with no optimiser or data pi
 
 Reads the run's `config.json` (model), `tokenizer.json` and its latest
 checkpoint (the parameter EMA when the run kept one), prints the samples and
-writes them to `<workdir>/samples/sample_step<N>_seed<S>.txt` (or --output).
+writes them to `<workdir>/samples/sample_step<N>_seed<S>.txt` (`..._2.txt` and so on when
+that file exists, so an earlier sample is kept) or to --output.
 """
 
 import os
@@ -36,6 +37,10 @@ def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, to
   from train import checkpoint, loop, sampling
 
   config = loop.read_config(workdir)
+  task = config.task.get('name')
+  if task != 'language_model':
+    raise ValueError(f"The run in {workdir!r} trains task {task!r}, not 'language_model'; only "
+                     'a causal language model continues a prompt.')
   tokenizer_path = os.path.join(os.path.abspath(workdir), text.TOKENIZER_FILE)
   if not os.path.isfile(tokenizer_path):
     raise FileNotFoundError(f'{tokenizer_path!r} does not exist: the run in {workdir!r} is not a '
@@ -60,19 +65,31 @@ def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, to
   return samples, int(state['step'])
 
 
+def _new_file(folder: str, stem: str) -> str:
+  """`folder/stem.txt`, or the first of `stem_2.txt`, `stem_3.txt`, … that does not exist."""
+  path, copy = os.path.join(folder, f'{stem}.txt'), 1
+  while os.path.exists(path):
+    copy += 1
+    path = os.path.join(folder, f'{stem}_{copy}.txt')
+  return path
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
   logging.set_verbosity(logging.WARNING)
+  from experiments import command_line  # pylint: disable=g-import-not-at-top
   try:
+    if _OUTPUT.value:
+      command_line.output_file(_OUTPUT.value, 'output', figure=False)
     samples, step = sample(_WORKDIR.value, _PROMPT.value, num_tokens=_NUM_TOKENS.value,
                            temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
                            num_samples=_NUM_SAMPLES.value, seed=_SEED.value)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, app.UsageError) as e:
     sys.exit(f'error: {e}')
   joined = '\n----\n'.join(samples)
-  output = _OUTPUT.value or os.path.join(_WORKDIR.value, 'samples',
-                                         f'sample_step{step}_seed{_SEED.value}.txt')
+  output = _OUTPUT.value or _new_file(os.path.join(_WORKDIR.value, 'samples'),
+                                      f'sample_step{step}_seed{_SEED.value}')
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   with open(output, 'w', encoding='utf-8') as f:
     f.write(joined + '\n')

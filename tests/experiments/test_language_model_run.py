@@ -90,6 +90,14 @@ def test_language_model_trains_evaluates_samples_and_resumes(config, tmp_path):
   assert len(samples[0]) == len('JULIET:') + 20
   with open(os.path.join(workdir, 'samples', 'sample_step60_seed0.txt'), encoding='utf-8') as f:
     assert f.read() == result.stdout  # what was printed is what was written
+  # Sampling again with the same step and seed keeps the first file and writes a second.
+  again = subprocess.run(command[:-3] + ['--prompt=ROMEO:', '--num_tokens=5'], capture_output=True,
+                         text=True, cwd=REPO_ROOT, env=env, timeout=300)
+  assert again.returncode == 0, again.stderr[-2000:]
+  with open(os.path.join(workdir, 'samples', 'sample_step60_seed0.txt'), encoding='utf-8') as f:
+    assert f.read() == result.stdout
+  with open(os.path.join(workdir, 'samples', 'sample_step60_seed0_2.txt'), encoding='utf-8') as f:
+    assert f.read() == again.stdout and again.stdout.startswith('ROMEO:')
 
   bad = subprocess.run(command[:-3] + ['--prompt=JULIET@'], capture_output=True, text=True,
                        cwd=REPO_ROOT, env=env, timeout=300)
@@ -121,3 +129,22 @@ def test_evaluate_reproduces_the_run_and_applies_config_changes(config, tmp_path
                           (['eval_batch_size=[3]'], 'wrong type')):
     with pytest.raises(ValueError, match=part):
       evaluate.evaluate(workdir, overrides=overrides)
+
+
+def _sample_error(*flags) -> str:
+  result = subprocess.run([sys.executable, '-m', 'experiments.sample', *flags], capture_output=True,
+                          text=True, cwd=REPO_ROOT, timeout=300,
+                          env={**os.environ, 'PYTHONPATH': REPO_ROOT, 'JAX_PLATFORMS': 'cpu'})
+  assert result.returncode == 1, result.stderr[-2000:]
+  return result.stderr.strip().splitlines()[-1]
+
+
+def test_sampling_refuses_a_masked_language_model_and_a_folder_as_output(tmp_path):
+  from experiments.configs import shakespeare_bpe_bert  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'config.json').write_text(shakespeare_bpe_bert.get_config().to_json())
+  (tmp_path / 'tokenizer.json').write_text('{}')  # never read: the task is refused first
+  assert _sample_error(f'--workdir={tmp_path}') == (
+      f"error: The run in '{tmp_path}' trains task 'masked_language_model', not "
+      "'language_model'; only a causal language model continues a prompt.")
+  assert _sample_error(f'--workdir={tmp_path}', f'--output={tmp_path}') == (
+      f'error: --output={tmp_path} is a folder; give the file to write in it.')
