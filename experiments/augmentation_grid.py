@@ -12,6 +12,7 @@ with their two largest label weights.
 """
 
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -23,6 +24,7 @@ import numpy as np
 from data import augment
 from data import idx
 from data.builders import fashion_mnist
+from experiments import command_line
 
 FLAGS = flags.FLAGS
 
@@ -57,6 +59,10 @@ GRID = (
 def load_images(directory: str, count: int, split: str = 'train') -> tuple[np.ndarray, np.ndarray]:
   """First `count` images as float (N, 28, 28, 1) in [0, 1], and their class indices."""
   images_file, labels_file = fashion_mnist.SPLIT_FILES[split]
+  for name in (images_file, labels_file):
+    if not os.path.isfile(os.path.join(directory, name)):
+      raise FileNotFoundError(f'{os.path.join(directory, name)!r} does not exist: '
+                              '--fashion_mnist_dir must hold the Fashion-MNIST IDX .gz files.')
   images = idx.read_idx(os.path.join(directory, images_file))
   labels = idx.read_idx(os.path.join(directory, labels_file))
   if not 1 <= count <= len(images):
@@ -103,6 +109,7 @@ def render(rows, path: str) -> None:
         axis.set_xlabel(_caption(labels[n]), fontsize=6, labelpad=1)
     row_axes[0].set_ylabel(title, rotation=0, ha='right', va='center', fontsize=9)
   figure.tight_layout(pad=0.3, h_pad=0.2, w_pad=0.2)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   figure.savefig(path, dpi=110)
 
 
@@ -123,13 +130,18 @@ def define_flags() -> None:
   flags.DEFINE_string('output', None, 'Path of the PNG to write.', required=True)
   flags.DEFINE_enum('split', 'train', list(fashion_mnist.SPLIT_FILES),
                     'Which Fashion-MNIST split to read.')
-  flags.DEFINE_integer('num_images', 6, 'Images (columns) in the grid.')
+  flags.DEFINE_integer('num_images', 6, 'Images (columns) in the grid.', lower_bound=1)
   flags.DEFINE_integer('seed', 0, 'PRNG seed of the augmentations.')
 
 
 def main(argv):
-  del argv
-  make_grid(FLAGS.fashion_mnist_dir, FLAGS.output, FLAGS.num_images, FLAGS.split, FLAGS.seed)
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
+  try:
+    command_line.output_file(FLAGS.output, 'output')
+    make_grid(FLAGS.fashion_mnist_dir, FLAGS.output, FLAGS.num_images, FLAGS.split, FLAGS.seed)
+  except (ValueError, FileNotFoundError, app.UsageError) as e:
+    sys.exit(f'error: {e}')
   print(f'wrote {FLAGS.output}')
 
 

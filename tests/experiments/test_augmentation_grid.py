@@ -1,7 +1,10 @@
 """The augmentation grid covers every transform and draws the images it reads."""
 
 import gzip
+import os
 import struct
+import subprocess
+import sys
 
 import matplotlib.colors
 import matplotlib.image
@@ -10,6 +13,7 @@ import pytest
 
 from data import augment
 from experiments import augmentation_grid
+from tests.subprocess_util import REPO_ROOT
 
 
 def _write_idx_gz(path, array_uint8):
@@ -69,3 +73,25 @@ def test_tint_keeps_black_and_gives_each_image_its_own_hue():
   assert np.all(augmentation_grid.tint(np.zeros((4, 2, 2, 1), np.float32)) == 0)
   hues = matplotlib.colors.rgb_to_hsv(tinted[:, 0, 0])[:, 0]
   np.testing.assert_allclose(hues, [0, 0.25, 0.5, 0.75], atol=1e-6)
+
+
+def _script_error(*flags) -> str:
+  result = subprocess.run([sys.executable, 'experiments/augmentation_grid.py', *flags],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+                          env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert result.returncode == 1, result.stderr[-2000:]
+  (line,) = result.stderr.strip().splitlines()  # one sentence, no traceback
+  return line
+
+
+def test_the_script_refuses_a_folder_without_the_files_and_an_unwritable_output(fashion_dir,
+                                                                               tmp_path):
+  directory, _, _ = fashion_dir
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  assert _script_error(f'--fashion_mnist_dir={empty}', f'--output={tmp_path}/grid.png') == (
+      f"error: '{empty}/train-images-idx3-ubyte.gz' does not exist: --fashion_mnist_dir must "
+      'hold the Fashion-MNIST IDX .gz files.')
+  assert _script_error(f'--fashion_mnist_dir={directory}', f'--output={empty}') == (
+      f'error: --output={empty} is a folder; give the file to write in it.')
+  assert not os.listdir(empty)
