@@ -6,6 +6,7 @@ a maxout unit of three affine pieces (`models.layers.Maxout`).
 
 import math
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -66,9 +67,15 @@ def define_flags() -> None:
 
 
 def main(argv):
-  del argv
-  os.makedirs(FLAGS.workdir, exist_ok=True)
+  from experiments import command_line  # pylint: disable=g-import-not-at-top
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
   path = os.path.join(FLAGS.workdir, FLAGS.filename)
+  try:
+    command_line.output_file(path, 'filename')
+  except app.UsageError as e:
+    sys.exit(f'error: {e}')
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   plot(path)
   print(f'Wrote {path}')
 

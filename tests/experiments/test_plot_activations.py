@@ -1,10 +1,15 @@
 """The activations figure: a panel per activation and one for a maxout unit, each with its
 derivative, and the PNG is written."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 from experiments import plot_activations
 from models import activations
+from tests.subprocess_util import REPO_ROOT
 
 
 def test_every_activation_and_a_maxout_unit_are_plotted_with_their_derivatives(tmp_path):
@@ -21,3 +26,14 @@ def test_every_activation_and_a_maxout_unit_are_plotted_with_their_derivatives(t
   x, phi, slope = (np.asarray(a, np.float64) for a in curves['elu'])
   np.testing.assert_allclose(slope[x > 0], 1.0)
   np.testing.assert_allclose(slope[x < 0], np.exp(x[x < 0]), rtol=1e-5)
+
+
+def test_a_file_name_without_a_figure_format_is_refused_before_plotting(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.plot_activations', f'--workdir={tmp_path}',
+       '--filename=activations.pngg'], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert result.returncode == 1
+  assert result.stderr.strip().startswith(
+      f'error: --filename={tmp_path}/activations.pngg must end in a figure format: ')
+  assert '\n' not in result.stderr.strip() and not os.listdir(tmp_path)
