@@ -121,6 +121,36 @@ def _load(workdir: str, what: str, weights: str = 'ema'):
           {'params': params, **(state.get('model_state') or {})}, int(state['step']))
 
 
+def check_run(workdir: str, config, task, eval_source, *, sampler: str, steps: int,
+              bits_per_dim_examples: int) -> None:
+  """ValueError in one sentence when the run in `workdir` cannot be measured so: a sampler
+  of another kind of run, more steps than its process has (or steps a sampler does not
+  take), or likelihoods of more test images than it has."""
+  from train.tasks import diffusion  # pylint: disable=g-import-not-at-top
+  is_diffusion = config.task.name == 'diffusion'
+  objective = task.objective if is_diffusion else None
+  if is_diffusion and sampler not in ('cold',) + diffusion.SAMPLERS.get(objective, ()):
+    raise ValueError(f'--sampler={sampler} does not sample a {objective} run; allowed: '
+                     f'{", ".join(diffusion.SAMPLERS[objective]) or "cold"}.')
+  if is_diffusion == (sampler == 'vae'):
+    raise ValueError(f'--sampler={sampler} does not sample the run in {workdir!r} (model '
+                     f'{config.model.name!r}, task {config.task.name!r}); vae samples VAE '
+                     'runs, the others diffusion runs.')
+  if steps and (sampler == 'vae' or objective == 'd3pm'):
+    raise ValueError(f'--steps={steps} does not apply to --sampler={sampler} of a '
+                     f'{objective or config.model.name} run, which '
+                     f'{"decodes prior draws" if sampler == "vae" else "takes every step"}; '
+                     'leave it at 0.')
+  if sampler in ('ancestral', 'ddim', 'cold') and steps > task.process_steps:
+    raise ValueError(f'--steps={steps} exceeds the {task.process_steps} steps of the run\'s '
+                     f'{objective} process; give 0 (all of them) to {task.process_steps}.')
+  if bits_per_dim_examples and objective not in ('ddpm', 'score_sde'):
+    raise ValueError('--bits_per_dim_examples needs a ddpm or score_sde run.')
+  if bits_per_dim_examples > len(eval_source):
+    raise ValueError(f'--bits_per_dim_examples={bits_per_dim_examples} exceeds the '
+                     f'{len(eval_source)} test images of the run.')
+
+
 def layer_input(module, variables, inputs: tuple, layer: str):
   """The first positional input of the submodule named `layer` when `module` is applied."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
@@ -323,10 +353,11 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
   FileNotFoundError in one sentence before anything is compiled."""
   from data import pipeline  # pylint: disable=g-import-not-at-top
   from models.generative import frechet  # pylint: disable=g-import-not-at-top
-  from train.tasks import diffusion  # pylint: disable=g-import-not-at-top
 
   if cold_start_kind not in ('gaussian', 'flat'):
     raise ValueError(f'--cold_start={cold_start_kind!r}; allowed: gaussian, flat.')
+  if not cold_noise >= 0:
+    raise ValueError(f'--cold_noise={cold_noise} must be at least 0.')
   if weights not in ('ema', 'params'):
     raise ValueError(f'--weights={weights!r}; allowed: ema, params.')
   for name, value, least in (('num_samples', num_samples, 2), ('batch_size', batch_size, 1)):
@@ -357,17 +388,8 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
     if shapes and tuple(shapes.get('image', ())) != tuple(test_pixels.shape[1:]):
       raise ValueError(f'The run in {workdir!r} models data of another shape than the '
                        f'classifier\'s {tuple(test_pixels.shape[1:])} images.')
-    if config.task.name == 'diffusion' and sampler not in ('cold',) + diffusion.SAMPLERS.get(
-        task.objective, ()):
-      raise ValueError(f'--sampler={sampler} does not sample a {task.objective} run; allowed: '
-                       f'{", ".join(diffusion.SAMPLERS[task.objective]) or "cold"}.')
-    if (config.task.name == 'diffusion') == (sampler == 'vae'):
-      raise ValueError(f'--sampler={sampler} does not sample the run in {workdir!r} (model '
-                       f'{config.model.name!r}, task {config.task.name!r}); vae samples VAE '
-                       'runs, the others diffusion runs.')
-    if bits_per_dim_examples and (config.task.name != 'diffusion'
-                                  or task.objective not in ('ddpm', 'score_sde')):
-      raise ValueError('--bits_per_dim_examples needs a ddpm or score_sde run.')
+    check_run(workdir, config, task, eval_source, sampler=sampler, steps=steps,
+              bits_per_dim_examples=bits_per_dim_examples)
     # D3PM models binarised images (train/tasks/diffusion.py): compare them with binarised ones.
     binarize = binarize or getattr(task, 'objective', None) == 'd3pm'
   features = feature_fn(c_task, c_module, c_variables, feature_layer)

@@ -3,12 +3,16 @@ input of the ResNet's 'head', checked against the last block's output and the lo
 cold sampler's flat start, pixel rounding, the ODE's bits per dimension against the Gaussian
 density of pixels in [0, 1], and one-sentence errors before anything loads."""
 
+import types
+
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
 from experiments import generative_metrics
 from models.vision import resnet
+from tests.messages import one_sentence
 from tests.train.test_diffusion_task import ExactEps
 from train import tasks
 
@@ -135,3 +139,54 @@ def test_bad_inputs_stop_in_one_sentence(options, error, message):
                'seed': 0, **options}
   with pytest.raises(error, match=message.replace('(', r'\(')):
     generative_metrics.measure(**arguments)
+
+
+def _run(task_name, objective=None, steps=1000, model='unet'):
+  """The parts of a run that check_run reads: its config, task and eval split (of 100)."""
+  config = ml_collections.ConfigDict({'task': {'name': task_name}, 'model': {'name': model}})
+  return config, types.SimpleNamespace(objective=objective, process_steps=steps), range(100)
+
+
+@pytest.mark.parametrize('run, options, message', [
+    (('diffusion', 'ddpm'), {'sampler': 'ancestral', 'steps': 1001},
+     "--steps=1001 exceeds the 1000 steps of the run's ddpm process; give 0 (all of them) to "
+     '1000.'),
+    (('diffusion', 'ddpm'), {'sampler': 'ddim', 'steps': 1001}, '--steps=1001 exceeds the 1000'),
+    (('diffusion', 'cold', 50), {'sampler': 'cold', 'steps': 51},
+     "--steps=51 exceeds the 50 steps of the run's cold process; give 0 (all of them) to 50."),
+    (('diffusion', 'd3pm'), {'sampler': 'ancestral', 'steps': 100},
+     '--steps=100 does not apply to --sampler=ancestral of a d3pm run, which takes every step; '
+     'leave it at 0.'),
+    (('vae', None, 0, 'vae'), {'sampler': 'vae', 'steps': 10},
+     '--steps=10 does not apply to --sampler=vae of a vae run, which decodes prior draws; leave '
+     'it at 0.'),
+    (('diffusion', 'ddpm'), {'sampler': 'ancestral', 'bits_per_dim_examples': 101},
+     '--bits_per_dim_examples=101 exceeds the 100 test images of the run.'),
+    (('diffusion', 'cold', 50), {'sampler': 'cold', 'bits_per_dim_examples': 10},
+     '--bits_per_dim_examples needs a ddpm or score_sde run.'),
+    (('diffusion', 'score_sde'), {'sampler': 'ancestral'},
+     '--sampler=ancestral does not sample a score_sde run; allowed: pc, ode.'),
+    (('vae', None, 0, 'vae'), {'sampler': 'ode'}, "--sampler=ode does not sample the run in 'w'"),
+])
+def test_settings_the_run_cannot_take_are_one_sentence(run, options, message):
+  settings = {'steps': 0, 'bits_per_dim_examples': 0, **options}
+  one_sentence(lambda: generative_metrics.check_run('w', *_run(*run), **settings), message)
+
+
+@pytest.mark.parametrize('run, options', [
+    (('diffusion', 'ddpm'), {'sampler': 'ancestral', 'steps': 1000, 'bits_per_dim_examples': 100}),
+    (('diffusion', 'ddpm'), {'sampler': 'pc', 'steps': 2000}),  # a solver's grid, any length
+    (('diffusion', 'score_sde'), {'sampler': 'ode', 'steps': 5000}),
+    (('diffusion', 'cold', 50), {'sampler': 'cold', 'steps': 50}),
+    (('diffusion', 'd3pm'), {'sampler': 'ancestral'}),
+    (('vae', None, 0, 'vae'), {'sampler': 'vae'}),
+])
+def test_settings_the_run_takes_pass(run, options):
+  settings = {'steps': 0, 'bits_per_dim_examples': 0, **options}
+  generative_metrics.check_run('w', *_run(*run), **settings)
+
+
+def test_a_negative_cold_noise_is_one_sentence():
+  one_sentence(lambda: generative_metrics.measure(
+      classifier='/nonexistent/run', workdir='w', sampler='cold', steps=0, num_samples=8,
+      batch_size=4, seed=0, cold_noise=-0.1), '--cold_noise=-0.1 must be at least 0.')
