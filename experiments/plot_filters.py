@@ -70,7 +70,12 @@ def plot(workdir: str, index: int, output: str) -> str:
   from train import checkpoint, loop
 
   config = loop.read_config(workdir)
-  _, eval_source, _, task, module = loop.build_parts(config, workdir)
+  _, eval_source, meta, task, module = loop.build_parts(config, workdir)
+  input_shape = tuple(meta['shapes'].get(getattr(task, 'input_key', None), ()))
+  if config.task.name != 'classification' or len(input_shape) != 3:
+    raise ValueError(f'The run in {workdir!r} (model {config.model.name!r}, task '
+                     f'{config.task.name!r}, inputs {input_shape}) is not a classifier of '
+                     'images [H, W, C], whose first 2-D convolution this script draws.')
   if not 0 <= index < len(eval_source):
     raise ValueError(f'--index={index} is outside the eval split, which has {len(eval_source)} '
                      'examples.')

@@ -9,6 +9,7 @@ import pytest
 from experiments import plot_filters
 from models.vision import resnet
 from tests.experiments.test_recompute_batch_stats import trained_run  # pylint: disable=unused-import
+from tests.messages import assert_one_sentence
 from train import checkpoint
 
 
@@ -39,3 +40,26 @@ def test_an_index_outside_the_eval_split_is_one_sentence(trained_run, tmp_path):
   with pytest.raises(ValueError, match=r'^--index=360 is outside the eval split, which has 360 '
                                        r'examples\.$'):
     plot_filters.plot(trained_run, 360, str(tmp_path / 'f.png'))
+
+
+def test_a_run_that_is_not_an_image_classifier_is_one_sentence(tmp_path):
+  from experiments.configs import fashion_mnist_autoencoder  # pylint: disable=g-import-not-at-top
+  config = fashion_mnist_autoencoder.get_config()
+  config.data.name, config.data.data_dir = 'digits', str(tmp_path / 'data')
+  (tmp_path / 'config.json').write_text(config.to_json())
+  with pytest.raises(ValueError) as info:
+    plot_filters.plot(str(tmp_path), 0, str(tmp_path / 'f.png'))
+  assert_one_sentence(str(info.value), f"The run in '{tmp_path}' (model 'denoising_autoencoder', task "
+                      "'autoencoder', inputs (8, 8, 1)) is not a classifier of images [H, W, C]")
+  assert not os.path.exists(tmp_path / 'f.png')
+
+
+def test_a_classifier_of_sequences_is_one_sentence(tmp_path):
+  from experiments.configs import mnist1d_cnn  # pylint: disable=g-import-not-at-top
+  config = mnist1d_cnn.get_config()
+  config.data.data_dir = str(tmp_path / 'data')
+  (tmp_path / 'config.json').write_text(config.to_json())
+  with pytest.raises(ValueError) as info:
+    plot_filters.plot(str(tmp_path), 0, str(tmp_path / 'f.png'))
+  assert_one_sentence(str(info.value), "(model 'cnn1d', task 'classification', inputs (40,)) is "
+                      'not a classifier of images [H, W, C]')
