@@ -61,6 +61,7 @@ def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None 
              overrides: Sequence[str] = ()) -> dict:
   """{'step', 'window', 'metrics'} (and the applied 'overrides') of the run in `workdir`; bad
   inputs raise ValueError or FileNotFoundError in one sentence before anything is compiled."""
+  import flax  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
   from train import state as state_lib  # pylint: disable=g-import-not-at-top
@@ -86,7 +87,13 @@ def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None 
   run = loop.Run(config=config, workdir=workdir, parallel=None, model=model, task=task, tx=None,
                  learning_rate_fn=None, init_fn=None, rng=None, train_source=None,
                  eval_source=eval_source, checkpointer=None)
-  metrics = run.evaluate(jax.jit(run.eval_step_fn()), state)
+  try:
+    metrics = run.evaluate(jax.jit(run.eval_step_fn()), state)
+  except flax.errors.ScopeParamShapeError as e:  # Raised while tracing the first batch.
+    changes = ' and '.join(f'--set={key}={value!r}' for key, value in applied.items())
+    found = str(e).split(' (https://')[0].rstrip('.')
+    raise ValueError(f'The checkpoint of {workdir!r} does not fit the model '
+                     f'{"under " + changes if changes else "of its config"}: {found}.') from None
   record = {'step': int(saved['step']), 'window': config.data.get('window'), 'metrics': metrics}
   if applied:
     record['overrides'] = applied

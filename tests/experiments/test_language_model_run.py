@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from experiments.configs import shakespeare_char_conv
+from tests.messages import assert_one_sentence
 from tests.subprocess_util import REPO_ROOT
 from train import loop
 
@@ -129,6 +130,11 @@ def test_evaluate_reproduces_the_run_and_applies_config_changes(config, tmp_path
                           (['eval_batch_size=[3]'], 'wrong type')):
     with pytest.raises(ValueError, match=part):
       evaluate.evaluate(workdir, overrides=overrides)
+  # A model of other parameter shapes than the checkpoint's: one sentence, nothing appended.
+  with pytest.raises(ValueError) as info:
+    evaluate.evaluate(workdir, overrides=['model.channels=8'])
+  assert_one_sentence(str(info.value), f"The checkpoint of '{workdir}' does not fit the model "
+                      "under --set=model.channels=8: ", 'shape (40, 8)', 'shape (40, 16)')
 
 
 def _sample_error(*flags) -> str:
