@@ -69,7 +69,8 @@ def define_flags() -> None:
   flags.DEFINE_float('svc_c', 10.0, 'Regularisation constant C > 0 of the SVC.')
   flags.register_validator('gamma', lambda v: v is None or v > 0, '--gamma must be positive.')
   flags.register_validator('svc_c', lambda v: v > 0, '--svc_c must be positive.')
-  flags.DEFINE_integer('split_seed', 0, 'Seed of the stratified 70/30 train/test split.')
+  flags.DEFINE_integer('split_seed', 0, 'Seed of the stratified 70/30 train/test split.',
+                       lower_bound=0, upper_bound=2**32 - 1)  # scikit-learn's seed range
 
 
 def main(argv):

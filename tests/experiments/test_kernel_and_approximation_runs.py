@@ -98,3 +98,15 @@ def test_the_script_refuses_bad_flags_and_keeps_an_earlier_table(tmp_path, flag,
   assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
   assert table.read_text() == 'an earlier run\n'
   assert 'width' not in result.stdout  # refused before the table's header was printed
+
+
+def test_random_features_refuses_a_split_seed_scikit_learn_cannot_take(tmp_path):
+  # scikit-learn takes seeds in [0, 2³² − 1] and raised its own traceback after the data
+  # was loaded.
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.random_features', f'--workdir={tmp_path}',
+       '--split_seed=-1'], cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+      capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert 'flag --split_seed=-1: -1 is not an integer in the range [0, 4294967295]' in result.stderr
+  assert not os.listdir(tmp_path)
