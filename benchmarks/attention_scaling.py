@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import command_line
 from models.attention import core
 from models.attention import kinds
 
@@ -133,12 +134,17 @@ def main(argv):
   unknown = sorted(set(_KINDS.value) - set(kinds.KINDS))
   if unknown:
     raise app.UsageError(f'--kinds has {unknown[0]!r}; allowed: {", ".join(kinds.KINDS)}.')
-  try:
-    lengths = sorted(int(n) for n in _LENGTHS.value)
-  except ValueError:
-    raise app.UsageError(f'--lengths={",".join(_LENGTHS.value)} must be integers.') from None
+  lengths = sorted(command_line.integers_at_least(_LENGTHS.value, 'lengths'))
   causal = _CAUSAL.value
   chosen = [k for k in _KINDS.value if not (causal and k == 'linformer')]
+  if not _KINDS.value:
+    raise app.UsageError(f'--kinds= names no attention kind; give one or more of: '
+                         f'{", ".join(kinds.KINDS)}.')
+  if not chosen:
+    raise app.UsageError(f'--kinds={",".join(_KINDS.value)} with --causal leaves nothing to '
+                         'measure, as Linformer has no causal form; add another kind.')
+  if _FIGURE.value:
+    command_line.output_file(_FIGURE.value, 'figure')  # checked before the benchmark runs
   results = {}
   print(f'forward + backward, batch 1, {_HEADS.value} head(s) of width {_WIDTH.value}, '
         f'{"causal" if causal else "non-causal"}; time in ms (compiled memory in MB)')
@@ -174,6 +180,7 @@ def main(argv):
     ax_memory.set(xlabel='sequence length n', ylabel='compiled memory (MB)', title='memory')
     ax_time.legend(fontsize=8)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(_FIGURE.value)), exist_ok=True)
     fig.savefig(_FIGURE.value, dpi=120)
     print(f'figure: {_FIGURE.value}')
 

@@ -26,12 +26,15 @@ import jax
 import numpy as np
 from ml_collections import config_flags
 
+from experiments import command_line
+from models import registry
 from train import loop
 from train import sampling
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
+command_line.load_config_files_with('config')  # a bad --config is one sentence, at once
 _LENGTHS = flags.DEFINE_list('lengths', ['64', '128', '256'], 'Total sequence lengths L.')
-_BATCH = flags.DEFINE_integer('batch', 1, 'Sequences generated at once.')
+_BATCH = flags.DEFINE_integer('batch', 1, 'Sequences generated at once.', lower_bound=1)
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed calls per setting (the best is kept).',
                                 lower_bound=1)
 flags.mark_flags_as_required(['config'])
@@ -53,16 +56,30 @@ def time_generation(model, variables, length: int, batch: int, use_cache: bool,
   return best
 
 
+def has_cache(config) -> bool | None:
+  """Whether `config`'s model has a decoding cache, decided from the config alone: the model
+  is built, not initialised, with stand-ins for the options the data fills in (vocabulary,
+  classes, horizon), which do not decide it; None if it cannot be built so."""
+  options = config.model.to_dict()
+  name = options.pop('name')
+  stand_ins = {key: 2 for key in ('vocab_size', 'num_classes', 'horizon')
+               if options.get(key) is None}
+  try:
+    return sampling.supports_cache(registry.build(name, None, stand_ins, **options))
+  except (ValueError, TypeError):
+    return None  # loop.setup says what is wrong with the model's options
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
-  try:
-    lengths = [int(v) for v in _LENGTHS.value]
-  except ValueError:
-    raise app.UsageError(f'--lengths={",".join(_LENGTHS.value)} must be integers.') from None
-  if min(lengths) < 2 or _BATCH.value < 1:
-    raise app.UsageError('--lengths must be at least 2 and --batch at least 1.')
+  lengths = command_line.integers_at_least(_LENGTHS.value, 'lengths', 2,
+                                           'a one-token prompt and at least one new token')
+  no_cache = (f'Model {config.model.name!r} of --config has no decoding cache to compare with; '
+              'give a language model with one, e.g. experiments/configs/shakespeare_char_gpt.py.')
+  if has_cache(config) is False:  # before the data is read and the model initialised
+    raise app.UsageError(no_cache)
   if 'max_length' in config.model:
     config.model.max_length = max(config.model.max_length, max(lengths))
   with tempfile.TemporaryDirectory() as workdir:
@@ -71,7 +88,7 @@ def main(argv):
     run.lock.release()
   variables = {'params': state.params, **state.model_state}
   if not sampling.supports_cache(run.model):
-    raise app.UsageError(f'Model {config.model.name!r} has no decoding cache to compare with.')
+    raise app.UsageError(no_cache)
   print(f'{config.model.name}: batch {_BATCH.value}, new tokens per second')
   print(f'{"length":>8} {"no cache":>12} {"cache":>12} {"speed-up":>9}')
   for length in lengths:

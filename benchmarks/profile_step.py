@@ -36,10 +36,12 @@ import jax
 from ml_collections import config_flags
 
 from benchmarks import hlo_dots
+from experiments import command_line
 from train import loop
 from train import xla_cpu
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
+command_line.load_config_files_with('config')  # a bad --config is one sentence, at once
 _STEPS = flags.DEFINE_integer('steps', 10, 'Traced train steps.', lower_bound=1)
 _TOP = flags.DEFINE_integer('top', 15, 'Op kinds to print.', lower_bound=1)
 _TRACE_DIR = flags.DEFINE_string('trace_dir', None, 'Where to keep the trace (default: a '

@@ -41,10 +41,13 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 
 from benchmarks import hlo_dots
+from experiments import command_line
+from models import registry
 from train import loop
 from train import xla_cpu
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
+command_line.load_config_files_with('config')  # a bad --config is one sentence, at once
 _STEPS = flags.DEFINE_integer('steps', 200, 'Timed train steps.', lower_bound=1)
 _PIPELINE_BATCHES = flags.DEFINE_integer('pipeline_batches', 200, 'Timed input batches.',
                                          lower_bound=1)
@@ -183,28 +186,49 @@ def _compiled_flops(config) -> tuple[float, int]:
 
 
 def _settings(config) -> list[tuple[str, str, object]]:
-  """(label, config field, value) of every measurement the flags ask for."""
+  """(label, config field, value) of every measurement the flags ask for; a bad --dtypes or
+  --sweep is a UsageError in one sentence (called before anything is timed)."""
+  if _SWEEP.value and _DTYPES.value is not None:
+    raise app.UsageError('--sweep and --dtypes cannot be given together; sweep the dtype '
+                         'instead, e.g. --sweep=model.dtype:float32,bfloat16.')
   if _SWEEP.value:
     field, sep, values = _SWEEP.value.partition(':')
+    if not field or not sep or not values:
+      raise app.UsageError(f'--sweep={_SWEEP.value} must read FIELD:V1,V2,... '
+                           '(e.g. model.unroll:1,4,16).')
     parent = config
     *path, last = field.split('.')
     try:
       for key in path:
         parent = parent[key]
       current = parent[last]
-    except (KeyError, AttributeError):
-      raise app.UsageError(f'--sweep field {field!r} is not in the config.') from None
-    if not sep or not values:
-      raise app.UsageError(f'--sweep={_SWEEP.value!r} must read FIELD:V1,V2,...')
+    except (KeyError, AttributeError, TypeError):
+      raise app.UsageError(f'--sweep field {field!r} is not in the config, so it has no '
+                           'values to sweep.') from None
     kind = type(current) if current is not None else str
     try:
       parsed = [_parse(kind, v) for v in values.split(',')]
     except ValueError:
       raise app.UsageError(f'--sweep values {values!r} are not all {kind.__name__}s, the type of '
                            f'{field}.') from None
+    if field == 'model.dtype':
+      _check_dtypes(parsed, '--sweep')
     return [(f'{field}={v}', field, v) for v in parsed]
+  if _DTYPES.value is not None:
+    _check_dtypes(_DTYPES.value, '--dtypes')
   dtypes = _DTYPES.value or [config.model.get('dtype', 'float32')]
   return [(dtype, 'model.dtype', dtype) for dtype in dtypes]
+
+
+def _check_dtypes(dtypes: list[str], flag: str) -> None:
+  """UsageError unless `dtypes`, given by `flag`, are one or more compute dtypes of a model."""
+  allowed = ', '.join(registry.DTYPES)
+  if not dtypes:
+    raise app.UsageError(f'{flag}= names no dtype; give one or more of: {allowed}.')
+  bad = [d for d in dtypes if d not in registry.DTYPES]
+  if bad:
+    raise app.UsageError(f'{flag} has {bad[0]!r}, which is not a compute dtype; allowed: '
+                         f'{allowed}.')
 
 
 def _parse(kind: type, text: str):
@@ -232,10 +256,11 @@ def main(argv):
   print(f'XLA_FLAGS: {os.environ["XLA_FLAGS"]}')
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
+  settings = _settings(config)  # every --dtypes and --sweep value checked before any timing
   peak, peak_n = matmul_peak_flops()
   print(f'matmul peak (float32, {peak_n}x{peak_n}): {peak / 1e9:.2f} GFLOP/s')
   results = {}
-  for label, field, value in _settings(config):
+  for label, field, value in settings:
     _set(config, field, value)
     r = results[label] = measure_step(config, _STEPS.value)
     batch_size, window = config.global_batch_size, config.data.get('window')  # a sweep may set them

@@ -1,4 +1,5 @@
-"""The benchmark scripts refuse counts that would leave nothing to time, before any work."""
+"""The benchmark scripts refuse counts that would leave nothing to time, and every other bad
+flag, in one sentence before any work."""
 
 import os
 import subprocess
@@ -6,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.messages import assert_one_sentence
 from tests.subprocess_util import REPO_ROOT
 
 _GPT = 'experiments/configs/shakespeare_char_gpt.py'
@@ -30,3 +32,107 @@ def test_a_count_of_zero_is_refused_by_name(script, args):
   name = args[-1].split('=')[0]
   assert f'flag {name}=0: 0 is not a positive integer' in result.stderr
   assert 'matmul peak' not in result.stdout  # refused before anything was measured
+
+
+def _refused(script, args, **kwargs):
+  """The one line a benchmark script run with `args` ends with on stderr (absl's 'FATAL Flags
+  parsing error:' prefix removed), after checking that it failed without a traceback."""
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  result = subprocess.run([sys.executable, os.path.join('benchmarks', script), *args],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          **kwargs)
+  assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+  lines = [line.removeprefix('FATAL Flags parsing error: ') for line in result.stderr.splitlines()
+           if line.strip() and not line.startswith('Pass --helpshort')]
+  return lines[-1], result.stdout
+
+
+@pytest.mark.parametrize('script', ['train_step.py', 'profile_step.py', 'generation.py'])
+def test_a_missing_config_file_is_one_sentence_when_the_flags_are_parsed(script):
+  # config_flags' own parser raised an IOError traceback at the config's first use (in
+  # train_step, after the matmul peak had been timed).
+  line, stdout = _refused(script, ['--config=experiments/configs/no_such_config.py'])
+  assert_one_sentence(line, "The config file 'experiments/configs/no_such_config.py' does not "
+                      'exist', _DIGITS)
+  assert stdout == ''  # not even XLA_FLAGS: refused while parsing
+
+
+_SHORT = ['--steps=1', '--pipeline_batches=1', '--noproducts_alone']
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--dtypes=float32,bf16'], "--dtypes has 'bf16', which is not a compute dtype; allowed: "
+                                'float32, bfloat16, float16.'),
+    (['--dtypes='], '--dtypes= names no dtype; give one or more of: float32, bfloat16, float16.'),
+    (['--sweep=model.depth:1,2'], "--sweep field 'model.depth' is not in the config"),
+    (['--sweep=model.dtype:float32,half'], "--sweep has 'half', which is not a compute dtype"),
+    (['--sweep=model.dtype'], '--sweep=model.dtype must read FIELD:V1,V2,...'),
+    (['--sweep=model.dtype:float32', '--dtypes=bfloat16'],
+     '--sweep and --dtypes cannot be given together'),
+])
+def test_train_step_refuses_bad_dtypes_and_sweeps_before_timing_anything(args, message):
+  # A bad dtype failed in the model after the matmul peak and every earlier dtype were timed;
+  # a bad sweep field after the peak.
+  line, stdout = _refused('train_step.py', [f'--config={_DIGITS}', *_SHORT, *args])
+  assert_one_sentence(line, message)
+  assert 'matmul peak' not in stdout
+
+
+@pytest.mark.parametrize('lengths', ['', '1,64', 'a'])
+def test_generation_refuses_lengths_that_generate_nothing(lengths):
+  # An empty list raised from min([]).
+  line, _ = _refused('generation.py', [f'--config={_GPT}', f'--lengths={lengths}'])
+  assert_one_sentence(line, f'--lengths={lengths} must be integers of at least 2')
+
+
+def test_generation_refuses_a_model_without_a_cache_before_building_the_run(tmp_path):
+  # It was refused after loop.setup had prepared the data and traced the steps, and the
+  # parameters were initialised.
+  data = tmp_path / 'data'
+  line, _ = _refused('generation.py', [f'--config={_DIGITS}', f'--config.data.data_dir={data}'])
+  assert_one_sentence(line, "Model 'mlp' of --config has no decoding cache to compare with")
+  assert not data.exists()
+
+
+_ONE_KIND = ['--repeats=1', '--min_batch_seconds=0']
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--lengths='], '--lengths= must be positive integers.'),
+    (['--lengths=0,64'], '--lengths=0,64 must be positive integers.'),
+    (['--lengths=-8'], '--lengths=-8 must be positive integers.'),
+    (['--kinds='], '--kinds= names no attention kind; give one or more of: exact, '),
+    (['--kinds=linformer', '--causal'], '--kinds=linformer with --causal leaves nothing to measure'),
+    (['--kinds=exact', '--lengths=16', '--figure=FOLDER'], 'is a folder'),
+    (['--kinds=exact', '--lengths=16', '--figure=scaling.pngg'], 'must end in a figure format'),
+])
+def test_attention_scaling_refuses_settings_that_measure_nothing_or_cannot_be_drawn(
+    args, message, tmp_path):
+  # Empty or non-positive lengths failed deep in JAX, no kinds printed an empty table, and a
+  # figure that cannot be written failed in savefig after the whole benchmark.
+  args = [a.replace('FOLDER', str(tmp_path)).replace('=scaling', f'={tmp_path}/scaling')
+          for a in args]
+  line, stdout = _refused('attention_scaling.py', [*_ONE_KIND, *args])
+  assert_one_sentence(line, message)
+  assert 'forward + backward' not in stdout  # refused before the table's header
+
+
+@pytest.mark.parametrize('corpus, extra, message', [
+    ('missing.txt', [], 'missing.txt is not a file'),
+    ('binary.txt', [], 'binary.txt is not UTF-8 text (byte 0xff at offset 3'),
+    ('empty.txt', [], 'empty.txt is empty'),
+    ('text.txt', ['--vocab_size=255'], 'flag --vocab_size=255: the vocabulary must hold at least '
+                                       'the 256 bytes'),
+    ('text.txt', ['--save_to=FOLDER'], 'is a folder'),
+])
+def test_tokenizer_refuses_a_corpus_it_cannot_read_and_a_vocabulary_below_the_bytes(
+    tmp_path, corpus, extra, message):
+  # Each was a traceback (the vocabulary bound was documented but not checked, and a folder
+  # to save to failed after the training and timing).
+  (tmp_path / 'binary.txt').write_bytes(b'abc\xff\xfe')
+  (tmp_path / 'empty.txt').write_text('')
+  (tmp_path / 'text.txt').write_text('to be or not to be\n' * 20)
+  extra = [a.replace('FOLDER', str(tmp_path)) for a in extra]
+  line, stdout = _refused('tokenizer.py', [f'--corpus={tmp_path / corpus}', *extra])
+  assert_one_sentence(line, message)
+  assert 'train:' not in stdout
