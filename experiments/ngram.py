@@ -21,6 +21,7 @@ the char tokenizer as tokenizer.json. From the repository root:
       --workdir=workdirs/ngram
 """
 
+import math
 import os
 import tempfile
 import time
@@ -31,6 +32,7 @@ import ml_collections
 import numpy as np
 
 from data import text
+from experiments import command_line
 from models import losses
 from models import ngram
 
@@ -63,19 +65,24 @@ def data_config(source_dir: str | None, data_dir: str, window: int) -> ml_collec
 
 
 def model_specs(orders, smoothings, add_ks, kn_discount) -> list[tuple[int, str, dict]]:
-  """(order, label, NGramModel options) of every model to fit, or UsageError on a bad flag."""
-  try:
-    orders = [int(n) for n in orders]
-    add_ks = [float(k) for k in add_ks]
-    discount = None if kn_discount == 'estimate' else float(kn_discount)
-  except ValueError as error:
-    raise app.UsageError(f'--orders, --add_k and --kn_discount must be numbers ({error}).') from None
-  if min(orders, default=1) < 1:
-    raise app.UsageError(f'--orders has {min(orders)}; every n-gram order must be at least 1.')
+  """(order, label, NGramModel options) of every model to fit, or UsageError in one sentence
+  on a bad flag (before the data is read)."""
+  orders = command_line.integers_at_least(orders, 'orders')
+  if not smoothings:
+    raise app.UsageError(f'--smoothing= names no smoothing; give one or more of: '
+                         f'{", ".join(ngram.SMOOTHINGS)}.')
   unknown = [s for s in smoothings if s not in ngram.SMOOTHINGS]
   if unknown:
     raise app.UsageError(f'Unknown --smoothing {unknown[0]!r}; the smoothings are: '
                          f'{", ".join(ngram.SMOOTHINGS)}.')
+  ks = [_number(k) for k in add_ks]
+  if ('add_k' in smoothings and not ks) or not all(0 <= k < math.inf for k in ks):
+    raise app.UsageError(f'--add_k={",".join(add_ks)} must be finite numbers of at least 0 '
+                         '(k = 0 counts without smoothing).')
+  discount = None if kn_discount == 'estimate' else _number(kn_discount)
+  if discount is not None and not 0 <= discount <= 1:
+    raise app.UsageError(f"--kn_discount={kn_discount} must be a number in [0, 1] (which keeps "
+                         "each distribution normalised) or 'estimate'.")
   specs = []
   for order in orders:
     for smoothing in smoothings:
@@ -83,8 +90,35 @@ def model_specs(orders, smoothings, add_ks, kn_discount) -> list[tuple[int, str,
         label = 'Kneser–Ney, D estimated' if discount is None else f'Kneser–Ney, D = {discount:g}'
         specs.append((order, label, dict(smoothing='kneser_ney', discount=discount)))
       else:
-        specs.extend((order, f'add-k, k = {k:g}', dict(smoothing='add_k', add_k=k)) for k in add_ks)
+        specs.extend((order, f'add-k, k = {k:g}', dict(smoothing='add_k', add_k=k)) for k in ks)
   return specs
+
+
+def _number(text: str) -> float:
+  """`text` as a float, NaN (refused by every range check) if it is not a number."""
+  try:
+    return float(text)
+  except ValueError:
+    return math.nan
+
+
+def check_orders(orders: list[int], vocab_size: int) -> None:
+  """UsageError unless every order's m-gram codes fit: V^n below 2^62 (`models.ngram`)."""
+  highest = max((n for n in range(1, 63) if float(vocab_size) ** n < 2.0 ** 62), default=0)
+  too_high = [n for n in orders if n > highest]
+  if too_high:
+    raise app.UsageError(f'--orders has {too_high[0]}, too high for the {vocab_size} tokens of the '
+                         f'vocabulary (V^n must stay below 2^62); give orders of at most {highest}.')
+
+
+def encode_prompt(tokenizer, prompt: str) -> np.ndarray:
+  """--prompt as ids, or UsageError naming a character the tokenizer does not have."""
+  try:
+    return np.asarray(tokenizer.encode(prompt), np.int64)
+  except ValueError as error:
+    reason = str(error)
+    raise app.UsageError(f'--prompt={prompt!r} cannot be encoded: {reason[:1].lower()}'
+                         f'{reason[1:]}') from None
 
 
 def evaluate(model: ngram.NGramModel, windows: dict, units_per_token: np.ndarray, unit: str) -> dict:
@@ -106,8 +140,10 @@ def main(argv):
     config = data_config(FLAGS.tiny_shakespeare_dir, FLAGS.data_dir or temporary, FLAGS.window)
     train, evaluation, meta = text.make_sources(config, FLAGS.workdir)
   tokenizer, unit = meta['tokenizer'], meta['unit']
+  # The checks that need the vocabulary: before any model is fitted or file written.
+  check_orders(sorted({order for order, _, _ in specs}), meta['vocab_size'])
+  prompt = encode_prompt(tokenizer, FLAGS.prompt)
   eval_windows = evaluation.gather(np.arange(len(evaluation)))
-  prompt = np.asarray(tokenizer.encode(FLAGS.prompt), np.int64)
   print(f'Tiny Shakespeare: {len(train.tokens):,} train / {len(evaluation.tokens):,} validation '
         f'characters, V = {meta["vocab_size"]}, {len(evaluation)} evaluation windows of '
         f'{FLAGS.window}', flush=True)

@@ -1,10 +1,17 @@
 """experiments/ngram.py turns its flags into the models it fits, refusing bad ones by name."""
 
+import os
+import subprocess
+import sys
+
 from absl import app
 import pytest
 
+from data import tokenizers
 from experiments import ngram
+from tests.messages import assert_one_sentence
 from tests.messages import one_sentence
+from tests.subprocess_util import REPO_ROOT
 
 
 def test_every_order_gets_every_smoothing():
@@ -16,11 +23,86 @@ def test_every_order_gets_every_smoothing():
   assert specs[2][2] == {'smoothing': 'add_k', 'add_k': 0.01}
 
 
-@pytest.mark.parametrize('orders, smoothing, parts', [
-    (['0', '2'], ['add_k'], ['--orders has 0', 'at least 1']),
-    (['two'], ['add_k'], ['--orders', 'numbers']),
-    (['2'], ['witten_bell'], ["'witten_bell'", 'kneser_ney']),
+@pytest.mark.parametrize('orders, smoothing, add_k, discount, parts', [
+    (['0', '2'], ['add_k'], ['1'], '0.75', ['--orders=0,2 must be positive integers.']),
+    (['two'], ['add_k'], ['1'], '0.75', ['--orders=two must be positive integers.']),
+    ([], ['add_k'], ['1'], '0.75', ['--orders= must be positive integers.']),
+    (['2'], ['witten_bell'], ['1'], '0.75', ["'witten_bell'", 'kneser_ney']),
+    (['2'], [], ['1'], '0.75', ['--smoothing= names no smoothing', 'kneser_ney, add_k']),
+    (['2'], ['add_k'], [], '0.75', ['--add_k= must be finite numbers of at least 0']),
+    (['2'], ['add_k'], ['1', 'nan'], '0.75', ['--add_k=1,nan must be finite numbers']),
+    (['2'], ['add_k'], ['-0.5'], '0.75', ['--add_k=-0.5 must be finite numbers']),
+    (['2'], ['add_k'], ['inf'], '0.75', ['--add_k=inf must be finite numbers']),
+    (['2'], ['add_k'], ['k'], '0.75', ['--add_k=k must be finite numbers']),
+    (['2'], ['kneser_ney'], ['1'], '1.5', ["--kn_discount=1.5 must be a number in [0, 1]",
+                                          "or 'estimate'"]),
+    (['2'], ['kneser_ney'], ['1'], 'nan', ['--kn_discount=nan must be a number in [0, 1]']),
+    (['2'], ['kneser_ney'], ['1'], '-0.1', ['--kn_discount=-0.1 must be a number in [0, 1]']),
 ])
-def test_bad_flags_are_refused_before_the_data_is_read(orders, smoothing, parts):
-  one_sentence(lambda: ngram.model_specs(orders, smoothing, ['1'], '0.75'), *parts,
+def test_bad_flags_are_refused_before_the_data_is_read(orders, smoothing, add_k, discount, parts):
+  # No orders or smoothings wrote a results.md of a header and no rows over an earlier one;
+  # the bad constants were refused by the model after the data was read and earlier models
+  # fitted, and a NaN k not at all.
+  one_sentence(lambda: ngram.model_specs(orders, smoothing, add_k, discount), *parts,
                error=app.UsageError)
+
+
+def test_orders_too_high_for_the_vocabulary_and_prompts_it_cannot_encode_are_one_sentence():
+  # 65 characters: 65^10 < 2^62 <= 65^11. Both were tracebacks, the order's after the
+  # lower orders had been fitted.
+  ngram.check_orders([1, 10], 65)
+  one_sentence(lambda: ngram.check_orders([2, 11, 12], 65),
+               '--orders has 11, too high for the 65 tokens', 'at most 10.', error=app.UsageError)
+  tokenizer = tokenizers.CharTokenizer.from_corpus('ROMEO: ')
+  assert ngram.encode_prompt(tokenizer, 'ROMEO:').tolist() == tokenizer.encode('ROMEO:')
+  one_sentence(lambda: ngram.encode_prompt(tokenizer, 'ROMEO!'),
+               "--prompt='ROMEO!' cannot be encoded: character '!' at position 5 is not in the "
+               'vocabulary of 6 characters.', error=app.UsageError)
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--orders=', '--orders= must be positive integers.'),
+    ('--smoothing=', '--smoothing= names no smoothing'),
+    ('--add_k=nan', '--add_k=nan must be finite numbers of at least 0'),
+    ('--kn_discount=2', '--kn_discount=2 must be a number in [0, 1]'),
+])
+def test_a_refused_run_keeps_the_earlier_results(tmp_path, flag, message):
+  for name in ('results.md', 'samples.txt'):
+    (tmp_path / name).write_text(f'an earlier {name}\n')
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.ngram', f'--workdir={tmp_path}',
+       f'--data_dir={tmp_path / "data"}', flag],
+      cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+      timeout=120)
+  assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+  assert_one_sentence(result.stderr.strip().splitlines()[-1], message)
+  for name in ('results.md', 'samples.txt'):
+    assert (tmp_path / name).read_text() == f'an earlier {name}\n'
+  assert not (tmp_path / 'data').exists()  # refused before the data was read
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--prompt=ROMEO@', "--prompt='ROMEO@' cannot be encoded: character '@' at position 5"),
+    ('--orders=2,13', '--orders has 13, too high for the 29 tokens of the vocabulary'),
+])
+def test_what_the_vocabulary_refuses_stops_before_any_model_is_fitted(tmp_path, flag, message):
+  # 29 characters (29^12 < 2^62 <= 29^13): read from a tiny corpus, the only flags the data
+  # must be read for. The order was refused by the model after order 2 was fitted, and both
+  # were tracebacks.
+  source = tmp_path / 'source'
+  source.mkdir()
+  (source / 'input.txt').write_text(''.join(
+      f'{a}:\nWhat say you, {b}? I say the night is young.\n\n'
+      for a, b in [('ROMEO', 'Juliet'), ('JULIET', 'Romeo')]) * 40, encoding='utf-8')
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'results.md').write_text('an earlier table\n')
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.ngram', f'--workdir={workdir}',
+       f'--tiny_shakespeare_dir={source}', f'--data_dir={tmp_path / "data"}', flag],
+      cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+  assert_one_sentence(result.stderr.strip().splitlines()[-1], message)
+  assert '| n |' not in result.stdout  # no model fitted
+  assert (workdir / 'results.md').read_text() == 'an earlier table\n'
