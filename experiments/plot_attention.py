@@ -25,6 +25,8 @@ import numpy as np
 matplotlib.use('Agg')  # Files only; no display is needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
+from experiments import command_line  # pylint: disable=g-import-not-at-top
+
 FLAGS = flags.FLAGS
 
 
@@ -102,10 +104,9 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
   logging.set_verbosity(logging.WARNING)
   output = FLAGS.output or os.path.join(FLAGS.workdir, 'attention.png')
-  try:
-    indices = [int(i) for i in FLAGS.indices]
-  except ValueError:
-    sys.exit(f'error: --indices={",".join(FLAGS.indices)} must be integers.')
+  # An empty list would pass the split's range check and fail in the figure.
+  indices = command_line.integers_at_least(FLAGS.indices, 'indices', least=0,
+                                           why='examples of the eval split')
   try:
     lines = plot(FLAGS.workdir, indices, output)
   except (ValueError, FileNotFoundError) as e:

@@ -1,6 +1,8 @@
 """The attention figure: greedy decoding of a checkpointed seq2seq run, its weights and the PNG."""
 
 import os
+import subprocess
+import sys
 
 import ml_collections
 import numpy as np
@@ -11,6 +13,8 @@ from experiments.configs import dates_seq2seq_attention
 from train import loop
 from train.tasks import seq2seq
 from tests.experiments import fake_runs
+from tests.messages import assert_one_sentence
+from tests.subprocess_util import REPO_ROOT
 
 
 def _run(tmp_path_factory, data_dir, attention):
@@ -70,3 +74,17 @@ def test_indices_outside_the_split_and_models_without_attention_are_one_sentence
   plain = _run(tmp_path_factory, data_dir, 'none')
   with pytest.raises(ValueError, match='has no attention to plot'):
     plot_attention.plot(plain, [0], str(tmp_path / 'b.png'))
+
+
+@pytest.mark.parametrize('indices', ['', '-1,2', 'first'])
+def test_indices_that_name_no_example_are_refused_before_the_run_is_read(tmp_path, indices):
+  # An empty list passed the split's range check and failed in the figure (an empty index
+  # array, a division by zero columns).
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.plot_attention', f'--workdir={tmp_path}',
+       f'--indices={indices}'], cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+      capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+  # Refused before the work directory (which holds no run) is read.
+  assert_one_sentence(result.stderr.strip().splitlines()[-1],
+                      f'--indices={indices} must be integers of at least 0')
