@@ -12,6 +12,7 @@ keys and values, O(L). Prints new tokens per second for both and their ratio.
 The model's `max_length` is raised to the longest length for models with one.
 """
 
+import functools
 import os
 import sys
 import tempfile
@@ -100,4 +101,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__,
+                                                  needs_workdir=False))

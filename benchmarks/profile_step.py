@@ -19,6 +19,7 @@ Over several devices, calls and times are summed over the devices.
 """
 
 import collections
+import functools
 import glob
 import gzip
 import json
@@ -129,4 +130,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__,
+                                                  needs_workdir=False))

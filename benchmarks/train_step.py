@@ -25,6 +25,7 @@ step (a block-sparse attention's over blocks of keys, say) is counted once too, 
 the script says so.
 """
 
+import functools
 import os
 import re
 import sys
@@ -295,4 +296,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__,
+                                                  needs_workdir=False))

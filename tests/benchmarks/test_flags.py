@@ -57,6 +57,21 @@ def test_a_missing_config_file_is_one_sentence_when_the_flags_are_parsed(script)
   assert stdout == ''  # not even XLA_FLAGS: refused while parsing
 
 
+@pytest.mark.parametrize('script', ['train_step.py', 'profile_step.py', 'generation.py'])
+def test_config_overrides_and_a_missing_config_are_parsed_as_the_entry_point_parses_them(script):
+  # A key the config lacks was a traceback from config_flags; an option of the model that the
+  # config leaves out (gpt's attention) is added, as `experiments.main` adds it.
+  line, stdout = _refused(script, [f'--config={_GPT}', '--config.model.widht=3'])
+  assert line == ("error: --config.model.widht: config.model has no key 'widht'; the gpt model "
+                  'takes: ' + line.split('the gpt model takes: ')[1])
+  assert 'attention' in line and stdout == ''
+  line, _ = _refused(script, [f'--config={_GPT}', '--config.model.attention=nonsense',
+                              '--steps=0' if script != 'generation.py' else '--repeats=0'])
+  assert line.endswith('0 is not a positive integer.')  # the override itself was accepted
+  line, _ = _refused(script, [])
+  assert line.startswith('error: --config is missing; give the experiment config file')
+
+
 _SHORT = ['--steps=1', '--pipeline_batches=1', '--noproducts_alone']
 
 
