@@ -14,8 +14,8 @@ fixed discount D = 0.75 (or --kn_discount=estimate, D = n₁ / (n₁ + 2 n₂) p
 level from the training counts).
 
 Writes results.md (the Markdown table) and samples.txt (one --sample_length
-character sample per model, drawn with --seed from --prompt) to --workdir, and
-the char tokenizer as tokenizer.json. From the repository root:
+character sample per model, drawn with --seed from --prompt) to --workdir. From the
+repository root:
 
   python -m experiments.ngram --tiny_shakespeare_dir=../shared/data/tinyshakespeare \
       --workdir=workdirs/ngram
@@ -44,7 +44,7 @@ def define_flags() -> None:
   flags.DEFINE_string('tiny_shakespeare_dir', None,
                       'Folder holding input.txt (default: $TINY_SHAKESPEARE_DIR).')
   flags.DEFINE_string('data_dir', None, 'TFDS data directory (default: a temporary folder).')
-  flags.DEFINE_string('workdir', None, 'Where results.md, samples.txt and tokenizer.json go.')
+  flags.DEFINE_string('workdir', None, 'Where results.md and samples.txt go.')
   flags.DEFINE_list('orders', ['1', '2', '3', '4', '5', '6'], 'n-gram orders n.')
   flags.DEFINE_list('smoothing', ['kneser_ney', 'add_k'], 'Smoothings, of: ' + ', '.join(ngram.SMOOTHINGS))
   flags.DEFINE_list('add_k', ['1.0', '0.01'], 'Every k of add-k smoothing to report.')

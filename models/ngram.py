@@ -114,7 +114,7 @@ class NGramModel:
     if tokens.ndim != 1 or len(tokens) == 0 or tokens.min() < 0 or tokens.max() >= vocab_size:
       raise ValueError(f'The training tokens must be a non-empty 1-D array of ids in '
                        f'[0, {vocab_size}).')
-    if add_k < 0:
+    if not add_k >= 0:  # NaN too
       raise ValueError(f'add_k must be at least 0, not {add_k}.')
     if discount is not None and not 0 <= discount <= 1:
       raise ValueError(f'The Kneser–Ney discount must lie in [0, 1] to keep each distribution '

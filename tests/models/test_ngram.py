@@ -205,6 +205,7 @@ def test_kneser_ney_beats_add_one_on_held_out_text():
     (dict(order=2, smoothing='witten_bell'), ["'witten_bell'", 'kneser_ney', 'add_k']),
     (dict(order=2, discount=1.5), ['discount', '1.5']),
     (dict(order=2, add_k=-1.0), ['add_k', '-1.0']),
+    (dict(order=2, add_k=float('nan')), ['add_k', 'nan']),
     (dict(order=12, vocab_size=65), ['65', '12']),
 ])
 def test_bad_options_are_refused_in_one_sentence(options, parts):
