@@ -104,7 +104,7 @@ def _number(text: str) -> float:
 
 def check_orders(orders: list[int], vocab_size: int) -> None:
   """UsageError unless every order's m-gram codes fit: V^n below 2^62 (`models.ngram`)."""
-  highest = max((n for n in range(1, 63) if float(vocab_size) ** n < 2.0 ** 62), default=0)
+  highest = ngram.max_order(vocab_size)
   too_high = [n for n in orders if n > highest]
   if too_high:
     raise app.UsageError(f'--orders has {too_high[0]}, too high for the {vocab_size} tokens of the '

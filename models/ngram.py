@@ -79,6 +79,14 @@ def _level(gram_codes, gram_counts, vocab_size, discount) -> _Level:
                 totals.astype(np.float64), types.astype(np.float64), float(discount))
 
 
+def max_order(vocab_size: int) -> int:
+  """The highest order whose m-gram codes (base-V numbers of n digits) stay below 2⁶²."""
+  order = 0
+  while float(vocab_size) ** (order + 1) < 2.0 ** 62:
+    order += 1
+  return order
+
+
 class NGramModel:
   """An order-n model of a token stream with add-k or interpolated Kneser–Ney smoothing.
 
@@ -108,9 +116,10 @@ class NGramModel:
       raise ValueError(f'Unknown smoothing {smoothing!r}; the smoothings are: {", ".join(SMOOTHINGS)}.')
     if not isinstance(order, (int, np.integer)) or order < 1:
       raise ValueError(f'The n-gram order must be an integer of at least 1, not {order!r}.')
-    if float(vocab_size) ** order >= 2.0 ** 62:
+    if order > max_order(vocab_size):
       raise ValueError(f'A vocabulary of {vocab_size} ids to the power of the order {order} does '
-                       f'not fit the 62-bit m-gram codes; use a lower order.')
+                       f'not fit the 62-bit m-gram codes; use an order of at most '
+                       f'{max_order(vocab_size)}.')
     if tokens.ndim != 1 or len(tokens) == 0 or tokens.min() < 0 or tokens.max() >= vocab_size:
       raise ValueError(f'The training tokens must be a non-empty 1-D array of ids in '
                        f'[0, {vocab_size}).')

@@ -206,10 +206,16 @@ def test_kneser_ney_beats_add_one_on_held_out_text():
     (dict(order=2, discount=1.5), ['discount', '1.5']),
     (dict(order=2, add_k=-1.0), ['add_k', '-1.0']),
     (dict(order=2, add_k=float('nan')), ['add_k', 'nan']),
-    (dict(order=12, vocab_size=65), ['65', '12']),
+    (dict(order=11, vocab_size=65), ['65', '11', 'at most 10']),
 ])
 def test_bad_options_are_refused_in_one_sentence(options, parts):
   options = {'vocab_size': 5, **options}
   with pytest.raises(ValueError) as error:
     ngram.NGramModel(ids(CORPUS), **options)
   assert_one_sentence(str(error.value), *parts)
+
+
+@pytest.mark.parametrize('vocab_size', [2, 3, 29, 65, 256, 50_257])
+def test_max_order_is_the_last_whose_codes_stay_below_2_to_the_62(vocab_size):
+  order = ngram.max_order(vocab_size)
+  assert vocab_size ** order < 2 ** 62 <= vocab_size ** (order + 1)  # exact integers
