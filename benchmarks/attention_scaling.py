@@ -186,4 +186,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  command_line.run(main)

@@ -130,5 +130,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__,
+  command_line.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__,
                                                   needs_workdir=False))

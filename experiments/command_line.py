@@ -152,6 +152,17 @@ def parse_flags(argv: list[str], *, doc: str, needs_workdir: bool = True) -> lis
   return rest
 
 
+def run(main, **kwargs) -> None:
+  """`app.run(main, **kwargs)`, with a UsageError raised by `main` (a flag value refused
+  after parsing) printed as its one `error:` line; absl prints the whole usage before it."""
+  def main_with_one_line_errors(argv):
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      _exit_with(str(e))
+  app.run(main_with_one_line_errors, **kwargs)
+
+
 def integers_at_least(values: list[str], flag: str, least: int = 1, why: str = '') -> list[int]:
   """A list flag's `values` as integers of at least `least`, in order, or UsageError naming the
   flag and its values (`why`, if given, is said in brackets)."""

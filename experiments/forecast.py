@@ -248,4 +248,4 @@ def main(argv):
 if __name__ == '__main__':
   from experiments import command_line  # pylint: disable=g-import-not-at-top
   define_flags()
-  app.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__))
+  command_line.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__))

@@ -14,7 +14,6 @@ import functools
 import os
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
@@ -93,4 +92,4 @@ def _quiet_closed_event_loop_callbacks() -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__))
+  command_line.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__))

@@ -173,4 +173,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  command_line.run(main)

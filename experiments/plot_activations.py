@@ -81,5 +81,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  from experiments import command_line  # pylint: disable=g-import-not-at-top
   define_flags()
-  app.run(main)
+  command_line.run(main)

@@ -12,7 +12,6 @@ kernel machine, an RBF support vector classifier with the same γ.
 
 import os
 
-from absl import app
 from absl import flags
 import jax
 import numpy as np
@@ -100,4 +99,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  command_line.run(main)

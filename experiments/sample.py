@@ -98,4 +98,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from experiments import command_line  # pylint: disable=g-import-not-at-top
+  command_line.run(main)

@@ -11,7 +11,6 @@ plot of error against width to the workdir.
 
 import os
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -115,4 +114,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  command_line.run(main)
