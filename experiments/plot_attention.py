@@ -107,6 +107,7 @@ def main(argv):
   # An empty list would pass the split's range check and fail in the figure.
   indices = command_line.integers_at_least(FLAGS.indices, 'indices', least=0,
                                            why='examples of the eval split')
+  command_line.output_file(output, 'output')
   try:
     lines = plot(FLAGS.workdir, indices, output)
   except (ValueError, FileNotFoundError) as e:

@@ -88,3 +88,12 @@ def test_indices_that_name_no_example_are_refused_before_the_run_is_read(tmp_pat
   # Refused before the work directory (which holds no run) is read.
   assert_one_sentence(result.stderr.strip().splitlines()[-1],
                       f'--indices={indices} must be integers of at least 0')
+
+
+def test_an_output_that_is_a_folder_is_refused_before_the_run_is_read(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.plot_attention', f'--workdir={tmp_path}',
+       f'--output={tmp_path}'], cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+      capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert result.stderr == f'error: --output={tmp_path} is a folder; give the file to write in it.\n'
