@@ -137,10 +137,10 @@ def define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
+  command_line.output_file(FLAGS.output, 'output')
   try:
-    command_line.output_file(FLAGS.output, 'output')
     make_grid(FLAGS.fashion_mnist_dir, FLAGS.output, FLAGS.num_images, FLAGS.split, FLAGS.seed)
-  except (ValueError, FileNotFoundError, app.UsageError) as e:
+  except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')
   print(f'wrote {FLAGS.output}')
 

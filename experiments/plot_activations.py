@@ -6,7 +6,6 @@ a maxout unit of three affine pieces (`models.layers.Maxout`).
 
 import math
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -17,6 +16,7 @@ import matplotlib
 matplotlib.use('Agg')  # Files only; no display is needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
+from experiments import command_line
 from models import activations
 from models import layers
 
@@ -67,20 +67,14 @@ def define_flags() -> None:
 
 
 def main(argv):
-  from experiments import command_line  # pylint: disable=g-import-not-at-top
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
-  path = os.path.join(FLAGS.workdir, FLAGS.filename)
-  try:
-    command_line.output_file(path, 'filename')
-  except app.UsageError as e:
-    sys.exit(f'error: {e}')
+  path = command_line.output_file(os.path.join(FLAGS.workdir, FLAGS.filename), 'filename')
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   plot(path)
   print(f'Wrote {path}')
 
 
 if __name__ == '__main__':
-  from experiments import command_line  # pylint: disable=g-import-not-at-top
   define_flags()
   command_line.run(main)

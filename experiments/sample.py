@@ -16,6 +16,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from experiments import command_line
+
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory of a trained language model run.')
 _PROMPT = flags.DEFINE_string('prompt', '\n', 'Text the samples continue.')
 _NUM_TOKENS = flags.DEFINE_integer('num_tokens', 500, 'Tokens generated after the prompt.')
@@ -78,14 +80,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
   logging.set_verbosity(logging.WARNING)
-  from experiments import command_line  # pylint: disable=g-import-not-at-top
+  if _OUTPUT.value:
+    command_line.output_file(_OUTPUT.value, 'output', figure=False)
   try:
-    if _OUTPUT.value:
-      command_line.output_file(_OUTPUT.value, 'output', figure=False)
     samples, step = sample(_WORKDIR.value, _PROMPT.value, num_tokens=_NUM_TOKENS.value,
                            temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
                            num_samples=_NUM_SAMPLES.value, seed=_SEED.value)
-  except (ValueError, FileNotFoundError, app.UsageError) as e:
+  except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')
   joined = '\n----\n'.join(samples)
   output = _OUTPUT.value or _new_file(os.path.join(_WORKDIR.value, 'samples'),
@@ -98,5 +99,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from experiments import command_line  # pylint: disable=g-import-not-at-top
   command_line.run(main)
