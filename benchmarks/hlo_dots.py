@@ -184,3 +184,29 @@ def products_alone_seconds(product_list: list[Product], budget_bytes: int = 1 <<
       times.append(time.perf_counter() - start)
     total += sorted(times)[len(times) // 2]
   return total
+
+
+def kinds(product_list: list[Product]) -> list[tuple[Product, int]]:
+  """The distinct products of `product_list` (same operands in memory, dimension numbers and
+  types), each with how often it occurs, in the order each first occurs."""
+  counts: dict[Product, int] = {}
+  for product in product_list:
+    counts[product] = counts.get(product, 0) + 1
+  return list(counts.items())
+
+
+def as_one_matrix_product(product: Product) -> Product:
+  """`product` as one row-major [M, K] · [K, N] matrix product with its FLOPs: M the left
+  operand's batch and free dimensions, K the contracted ones, N the right operand's free ones.
+
+  The speed of that product is what `product` would reach without batch dimensions or
+  transposed operands: for the attention's per-head products (64 batches of 128 × 64 × 128,
+  say) it is that of [8192, 64] · [64, 128].
+  """
+  (lhs_contracting, rhs_contracting), (_, rhs_batch) = product.dimension_numbers
+  contracted = math.prod(product.lhs_shape[d] for d in lhs_contracting)
+  rows = math.prod(product.lhs_shape) // contracted
+  columns = math.prod(size for d, size in enumerate(product.rhs_shape)
+                      if d not in rhs_contracting and d not in rhs_batch)
+  return Product((rows, contracted), (contracted, columns), (((1,), (0,)), ((), ())),
+                 product.dtype, product.out_dtype, product.flops)

@@ -10,7 +10,10 @@ the same run), and the input pipeline's examples/s (and tokens/s for token windo
 With --products_alone (the default) it also runs the step's matrix products, read
 from the compiled step (`benchmarks/hlo_dots.py`), in a program that holds
 nothing else: their speed there is what the step would reach if it were nothing
-but its products, the ceiling its other work and its layouts keep it under. With several
+but its products, the ceiling its other work and its layouts keep it under. With
+--products_by_kind each kind of product is also timed alone, and as one row-major
+[M, K] · [K, N] product of the same FLOPs (`hlo_dots.as_one_matrix_product`), which shows
+what batch dimensions and transposed operands cost on this backend. With several
 --dtypes, or the values of one config field given by --sweep, the step is
 measured once per setting, in the same run, and compared.
 
@@ -55,6 +58,9 @@ _PIPELINE_BATCHES = flags.DEFINE_integer('pipeline_batches', 200, 'Timed input b
 _DTYPES = flags.DEFINE_list('dtypes', None, 'Compute dtypes to measure (default: the config\'s).')
 _PRODUCTS_ALONE = flags.DEFINE_bool('products_alone', True, 'Also time the step\'s matrix '
                                     'products alone.')
+_BY_KIND = flags.DEFINE_bool('products_by_kind', False, 'Also time each kind of the step\'s '
+                             'matrix products alone, and as one [M, K]·[K, N] product of its '
+                             'FLOPs.')
 _SWEEP = flags.DEFINE_string('sweep', None, 'FIELD:V1,V2,... — measure the step once per value of '
                              'the config field FIELD (e.g. model.unroll:1,4,16).')
 flags.mark_flags_as_required(['config'])
@@ -114,10 +120,41 @@ def measure_step(config, steps: int) -> dict:
     run.lock.release()
   del state, metrics, batch
   alone = hlo_dots.products_alone_seconds(products) if _PRODUCTS_ALONE.value and products else None
+  by_kind = products_by_kind(products) if _BY_KIND.value else []
   return {'step_seconds': step_seconds, 'flops': flops, 'loops_left': loops_left,
           'batch_seconds': batch_seconds,
           'mode': par.mode, 'devices': par.num_devices, 'products': products,
-          'products_seconds': alone}
+          'products_seconds': alone, 'by_kind': by_kind}
+
+
+def products_by_kind(products, repeats: int = 9) -> list[tuple]:
+  """(product, count, seconds alone, seconds as one [M, K]·[K, N] product) of each kind of
+  `products`, each the median of `repeats` calls of a program that holds only that product."""
+  timed = []
+  for product, count in hlo_dots.kinds(products):
+    plain = hlo_dots.as_one_matrix_product(product)
+    timed.append((product, count,
+                  hlo_dots.products_alone_seconds([product], repeats=repeats),
+                  hlo_dots.products_alone_seconds([plain], repeats=repeats)))
+  return timed
+
+
+def print_by_kind(by_kind, peak: float) -> None:
+  print('  its products kind by kind, each alone (operands as they lie in memory; contracted '
+        'and batch dimensions), and as one [M, K]·[K, N] product of the same FLOPs:')
+  for product, count, seconds, plain_seconds in by_kind:
+    (lhs_c, rhs_c), (lhs_b, rhs_b) = product.dimension_numbers
+    batch = f', batch {list(lhs_b)}·{list(rhs_b)}' if lhs_b else ''
+    plain = hlo_dots.as_one_matrix_product(product)
+    print(f'    {count:3d} × {list(product.lhs_shape)} · {list(product.rhs_shape)} '
+          f'(contracting {list(lhs_c)}·{list(rhs_c)}{batch}, {product.dtype}): '
+          f'{seconds * 1e3:.3f} ms each, {product.flops / seconds / 1e9:.1f} GFLOP/s '
+          f'({product.flops / seconds / peak:.0%}); as {list(plain.lhs_shape)} · '
+          f'{list(plain.rhs_shape)}: {product.flops / plain_seconds / 1e9:.1f} GFLOP/s')
+  total = sum(count * seconds for _, count, seconds, _ in by_kind)
+  flops = sum(count * product.flops for product, count, _, _ in by_kind)
+  print(f'  all {sum(count for _, count, _, _ in by_kind)}, kind by kind: {total * 1e3:.1f} ms, '
+        f'{flops / total / 1e9:.3f} GFLOP/s = {flops / total / peak:.2%} of the matmul peak')
 
 
 def one_device_step(run, state, host_batch):
@@ -286,6 +323,8 @@ def main(argv):
       print(f'  its {len(r["products"])} matrix products alone{once}: {flops:.4g} FLOP '
             f'({flops / r["flops"]:.1%} of the step\'s) in {r["products_seconds"] * 1e3:.1f} ms, '
             f'{alone / 1e9:.3f} GFLOP/s = {alone / peak:.2%} of the matmul peak')
+    if r['by_kind']:
+      print_by_kind(r['by_kind'], peak)
     print(f'  input pipeline: {batch_size / r["batch_seconds"]:.0f} examples/s '
           f'({r["step_seconds"] / r["batch_seconds"]:.1f}x the train step)')
   if len(results) > 1:

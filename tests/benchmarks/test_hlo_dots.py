@@ -117,3 +117,33 @@ def test_the_alone_program_computes_each_product_and_the_timing_covers_every_gro
                       lambda group, key: timed.append(group) or alone_program(group, key))
   assert hlo_dots.products_alone_seconds(listed, budget_bytes=budget, repeats=3) == 22
   assert timed == hlo_dots.groups_within(listed, budget)
+
+
+def test_kinds_count_each_distinct_product_in_the_order_it_first_occurs():
+  a = hlo_dots.Product((4, 3), (3, 2), (((1,), (0,)), ((), ())), 'f32', 'f32', 48)
+  b = a._replace(dimension_numbers=(((0,), (0,)), ((), ())), lhs_shape=(3, 4))
+  c = a._replace(dtype='bf16')  # same shapes, another type: another kind
+  assert hlo_dots.kinds([b, a, b, c, b, a]) == [(b, 3), (a, 2), (c, 1)]
+  assert hlo_dots.kinds([]) == []
+
+
+def test_each_product_as_one_matrix_product_keeps_its_flops():
+  M, K, F, B, T, S, H = 32, 16, 24, 3, 5, 7, 8
+  args = [jnp.ones(shape) for shape in ((M, K), (K, F), (B, T, H), (B, S, H))]
+  text = jax.jit(jax.value_and_grad(_loss, argnums=(0, 1, 2, 3))).lower(*args).compile().as_text()
+  for p in hlo_dots.products(text) + hlo_dots.products(_COLUMN_MAJOR_LHS):
+    plain = hlo_dots.as_one_matrix_product(p)
+    (rows, contracted), (contracted_too, columns) = plain.lhs_shape, plain.rhs_shape
+    assert contracted == contracted_too and plain.dimension_numbers == (((1,), (0,)), ((), ()))
+    assert 2 * rows * contracted * columns == p.flops == plain.flops, (p, plain)
+    assert (plain.dtype, plain.out_dtype) == (p.dtype, p.out_dtype)
+  # The attention's per-head scores: the 16 · 4 batches of [128, 64] · [64, 128] as one
+  # [8192, 64] · [64, 128]; the column-major example, [5, 3]ᵀ · [5, 7, 2], as [3, 5] · [5, 14].
+  scores = hlo_dots.Product((16, 4, 128, 64), (16, 4, 64, 128), (((3,), (2,)), ((0, 1), (0, 1))),
+                            'f32', 'f32', 2 * 16 * 4 * 128 * 64 * 128)
+  assert hlo_dots.as_one_matrix_product(scores)[:2] == ((8192, 64), (64, 128))
+  (column_major,) = hlo_dots.products(_COLUMN_MAJOR_LHS)
+  assert hlo_dots.as_one_matrix_product(column_major)[:2] == ((3, 5), (5, 14))
+  # A plain product is its own: its operands are already [M, K] and [K, N].
+  forward = hlo_dots.Product((M, K), (K, F), (((1,), (0,)), ((), ())), 'f32', 'f32', 2 * M * K * F)
+  assert hlo_dots.as_one_matrix_product(forward) == forward

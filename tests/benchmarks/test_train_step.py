@@ -96,3 +96,45 @@ def test_sweep_values_take_the_fields_type():
       ''')
   assert result['values'] == {'False': False, 'true': True, 'TRUE': True, '4': 4}
   assert result['refused'] == ['yes', '0', '2.5']
+
+
+def test_products_by_kind_time_each_kind_once_and_total_them_by_count():
+  result = run_python('''
+      import contextlib, io, json
+      from benchmarks import hlo_dots, train_step
+
+      plain = hlo_dots.Product((64, 32), (32, 48), (((1,), (0,)), ((), ())), 'f32', 'f32',
+                               2 * 64 * 32 * 48)
+      batched = hlo_dots.Product((4, 16, 8), (4, 8, 16), (((2,), (1,)), ((0,), (0,))), 'f32',
+                                 'f32', 2 * 4 * 16 * 8 * 16)
+      timed = []
+      alone = hlo_dots.products_alone_seconds
+      hlo_dots.products_alone_seconds = lambda ps, repeats: timed.append(ps) or alone(ps, repeats=1)
+      by_kind = train_step.products_by_kind([plain, batched, plain, plain])
+      hlo_dots.products_alone_seconds = alone
+      # The step's [2048, 256]·[256, 256] projections and the per-head scores, on a made-up
+      # clock: 1 ms alone and 3 ms as one product, 2 ms and 4 ms.
+      projection = hlo_dots.Product((2048, 256), (256, 256), (((1,), (0,)), ((), ())), 'f32',
+                                    'f32', 2 * 2048 * 256 * 256)
+      scores = hlo_dots.Product((64, 128, 64), (64, 64, 128), (((2,), (1,)), ((0,), (0,))),
+                                'f32', 'f32', 2 * 64 * 128 * 64 * 128)
+      printed = io.StringIO()
+      with contextlib.redirect_stdout(printed):
+        train_step.print_by_kind([(projection, 3, 1e-3, 3e-3), (scores, 1, 2e-3, 4e-3)],
+                                 peak=2e11)
+      print(json.dumps({'counts': [[list(p.lhs_shape), n] for p, n, _, _ in by_kind],
+                        'positive': all(s > 0 and t > 0 for _, _, s, t in by_kind),
+                        'timed': [[list(p.lhs_shape) for p in ps] for ps in timed],
+                        'printed': printed.getvalue().splitlines()}))
+      ''')
+  assert result['counts'] == [[[64, 32], 3], [[4, 16, 8], 1]] and result['positive']
+  # Each kind alone, then as one [M, K]·[K, N] product: the batched one as [64, 8]·[8, 16].
+  assert result['timed'] == [[[64, 32]], [[64, 32]], [[4, 16, 8]], [[64, 8]]]
+  header, first, second, total = result['printed']
+  assert first == ('      3 × [2048, 256] · [256, 256] (contracting [1]·[0], f32): 1.000 ms each, '
+                   '268.4 GFLOP/s (134%); as [2048, 256] · [256, 256]: 89.5 GFLOP/s')
+  assert second == ('      1 × [64, 128, 64] · [64, 64, 128] (contracting [2]·[1], batch [0]·[0], '
+                    'f32): 2.000 ms each, 67.1 GFLOP/s (34%); as [8192, 64] · [64, 128]: '
+                    '33.6 GFLOP/s')
+  # 3 × 1 ms + 2 ms for the FLOPs of all four: 3 · 268,435,456 + 134,217,728 in 5 ms.
+  assert total == '  all 4, kind by kind: 5.0 ms, 187.905 GFLOP/s = 93.95% of the matmul peak'
