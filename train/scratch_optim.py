@@ -5,9 +5,9 @@ Each optimiser is a pair of functions: `*_init(params) -> state` and
 ∇C(θ_t) at `params` = θ_t. Nothing is mutated; any pytree of arrays works.
 
 The two momentum methods read the velocity after its update, v_{t+1}, in the
-parameter update: the usual heavy-ball method, the form of the seed's reference
-(distill.pub/2017/momentum) and the form Optax implements. Seed 004 writes v_t
-there; read literally, that is a different method, not a shift of this one: the
+parameter update: the usual heavy-ball method, the form of Goh's "Why Momentum
+Really Works" (distill.pub/2017/momentum) and the form Optax implements. Writing v_t
+there instead gives a different method, not a shift of this one: the
 first step does not move (θ_1 = θ_0 + v_0 = θ_0), and from then on each velocity
 holds gradients taken one step earlier, so the two trajectories part after the
 second step.

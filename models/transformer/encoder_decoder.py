@@ -127,8 +127,8 @@ class TransformerSeq2Seq(nn.Module):
       with learned positions (sinusoidal, rotary and ALiBi ones extrapolate).
     positions: 'sinusoidal' (the paper), 'learned', 'rotary', 'alibi' or 'none'.
     dropout_rate: dropout on the embedding sums and after every sub-layer.
-    pre_norm: False (the default): post-LN blocks, as the paper and seed 000's pseudo-code;
-      True: pre-LN blocks and a final LayerNorm per stack (seed 003).
+    pre_norm: False (the default): post-LN blocks, as the paper;
+      True: pre-LN blocks and a final LayerNorm per stack (Xiong et al. 2020).
     tie_embeddings: logits = g E_tgtᵀ (the paper); else a separate output layer.
     use_bias: biases in the projections and LayerNorms.
     dtype: compute dtype; parameters, LayerNorms and logits are float32.

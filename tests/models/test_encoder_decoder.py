@@ -158,7 +158,7 @@ def _block_outputs(model, params):
 
 @pytest.mark.parametrize('pre_norm', [None, False, True])
 def test_post_ln_blocks_output_normalised_rows_and_pre_ln_blocks_do_not(pre_norm):
-  # None: the default, post-LN as seed 000's pseudo-code.
+  # None: the default, post-LN as in the paper.
   model = _model() if pre_norm is None else _model(pre_norm=pre_norm)
   for stack, (blocks, final) in _block_outputs(model, _random_params(model)).items():
     rows = np.concatenate([np.asarray(b).reshape(-1, model.features) for b in blocks])
