@@ -71,7 +71,7 @@ def run(widths: list[int], train_steps: int, learning_rate: float, seed: int) ->
 def plot(rows: list[tuple[int, float, float]], path: str) -> None:
   widths, constructed, trained = (np.array(column) for column in zip(*rows))
   fig, ax = plt.subplots(figsize=(6, 4.5))
-  ax.loglog(widths, constructed, 'o-', label='Lemma 1.3 construction (interpolant)')
+  ax.loglog(widths, constructed, 'o-', label='construction (the linear interpolant)')
   if not np.all(np.isnan(trained)):
     ax.loglog(widths, trained, 's-', label='trained with Adam')
   h = (HI - LO) / (widths - 3)

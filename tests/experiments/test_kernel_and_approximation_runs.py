@@ -60,7 +60,7 @@ def test_the_constructed_network_meets_the_interpolation_bound_and_training_fits
   # must sit on the measured construction errors (within the 10% above), not just anywhere.
   (ax,) = figures[0].axes
   lines = {line.get_label(): line for line in ax.get_lines()}
-  construction = next(line for label, line in lines.items() if label.startswith('Lemma'))
+  construction = next(line for label, line in lines.items() if label.startswith('construction'))
   bound = next(line for label, line in lines.items() if label.startswith('bound'))
   assert 'trained with Adam' not in lines  # no network was trained
   np.testing.assert_array_equal(construction.get_xdata(), [8, 32, 128])
