@@ -5,8 +5,9 @@ Modes (`config.parallel.mode`):
                'data' axis, params and optimiser state replicated;
   'fsdp'       `jit`, with params and optimiser state also split over 'data'
                (each array along its largest dimension divisible by the axis);
-  'shard_map'  `shard_map` with explicit `pmean` of gradients, metrics and
-               batch statistics (per-device view of the batch);
+  'shard_map'  `shard_map` with an explicit `psum` of the gradient and metric
+               sums, divided once by the global weight, and `pmean` of batch
+               statistics (per-device view of the batch);
   'pmap'       `pmap` over the local devices, same explicit collectives;
   'tensor'     Megatron-style tensor parallelism (Shoeybi et al. 2019): `jit` on a
                2-D mesh ('data', 'model') of data × `model_parallelism` devices.

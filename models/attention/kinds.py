@@ -7,7 +7,7 @@
   performer   the same with positive random features of exp(qᵀk/√H) n·M                yes
   linformer   softmax(q (E k)ᵀ/√H) (F v), E, F ∈ ℝ^{k×L} learned     n·k                no
   local       softmax over the query's block and its neighbours     n·l                yes
-  strided     local window ∪ every l-th earlier position            n·(l + n/l)        yes
+  strided     local window ∪ every l-th position (earlier, causal)  n·(l + n/l)        yes
   fixed       own block ∪ the last c positions of every block       n·(l + c·n/l)      yes
 
 Each kind takes the same projected q, k, v [B, T, N, H] inside `MultiHeadAttention`, so a

@@ -193,7 +193,8 @@ def p_sample_step(schedule: Schedule, eps_fn: EpsFn, x_t, t, key, variance: str 
 def sample(schedule: Schedule, eps_fn: EpsFn, shape, key, num_steps: int | None = None,
            variance: str = 'beta'):
   """x_0 by Algorithm 2 from x_T ~ N(0, I) of `shape` [B, …]: all T steps, or num_steps
-  of the respaced schedule (Nichol & Dhariwal 2021, §4). Step k uses key fold_in(key, k)."""
+  of the respaced schedule (Nichol & Dhariwal 2021, §4). x_T uses key fold_in(key, 0),
+  the step from timestep t key fold_in(key, t)."""
   _check_variance(variance)
   check_shape(shape)
   schedule = respace(schedule, schedule.num_steps if num_steps is None else num_steps)

@@ -138,8 +138,8 @@ class SubVPSDE(VPSDE):
 class VESDE:
   """Variance exploding SDE, the continuous SMLD (Song et al. 2021b, eq. 9):
   dx = σ(t) √(2 log(σ_max/σ_min)) dw, σ(t) = σ_min (σ_max/σ_min)^t, kernel
-  N(x(0), (σ(t)² − σ_min²) I) (eq. 29; the authors' code drops the σ_min², which only
-  matters near t = 0), prior N(0, σ_max² I)."""
+  N(x(0), (σ(t)² − σ_min²) I) (the authors' code drops the σ_min², which only matters
+  near t = 0), prior N(0, σ_max² I)."""
   sigma_min: float = 0.01
   sigma_max: float = 50.0
   T = 1.0

@@ -16,7 +16,7 @@ Two heads:
 
 Both read the series in the scaled unit (`data.series`) and, with
 `predict_change` (the default), read first differences and predict the change
-from the last value (see `_DifferenceInputs`), so a forecast moves with the
+from the last value (see `_difference_inputs`), so a forecast moves with the
 level of its history: the rising CO2 of the test years is no harder than that
 of the training years.
 

@@ -1,1 +1,2 @@
-"""Transformers: blocks, GPT, BERT, ViT and the encoder–decoder."""
+"""Transformers: blocks, GPT, BERT and the encoder–decoder (ViT, built of the same
+blocks, is in models/vision/vit.py)."""

@@ -73,7 +73,8 @@ class TransformerBlock(nn.Module):
   """One encoder block, or one decoder block when `cross_attention` is set (see module doc).
 
   `__call__(x, memory=None, *, mask=None, memory_mask=None, train, decode)`:
-  `mask` [B, 1 | N, T, T] restricts self-attention (padding), `causal` makes it
+  `mask` [B, 1 | N, T, T] restricts self-attention (padding; the other attention kinds
+  than 'exact' take only a key mask [B, 1, 1, T]), `causal` makes it
   causal, `memory` [B, S, D] is what cross-attention reads and `memory_mask`
   [B, 1, 1, S] its valid positions. `attention` and `attention_options` choose the
   self-attention's kind (models/attention/kinds.py); cross-attention is exact.

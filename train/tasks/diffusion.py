@@ -48,9 +48,11 @@ class Diffusion(base.Task):
     degradation, blur_sigma: cold's degradation ('blur': a Gaussian of this σ per step, or
       'mask': pixels hidden in a fixed random order).
     transition, hybrid_weight: d3pm's transition matrices and the λ of its hybrid loss.
-    num_samples, sample_steps: after each evaluation, a grid of `num_samples` images sampled
-      with `sample_steps` network calls (0: T; ddpm respaced, score_sde's PC sampler), for
-      ddpm, score_sde and d3pm on images; 0 samples: none.
+    num_samples, sample_steps: after each evaluation, a grid of `num_samples` images, for
+      ddpm, score_sde and d3pm on images (0 samples: none); ddpm samples with `sample_steps`
+      steps of its respaced schedule (0: all T), score_sde by the PC sampler with
+      `sample_steps` steps of a predictor and a corrector call each (0: 1,000), d3pm always
+      with all T steps.
   """
   rng_streams = ('dropout', 'diffusion')
 
