@@ -35,7 +35,7 @@ also takes `p`, the probability that an example is transformed at all.
 | grayscale       | Grayscale               |                                           | 0.1 |
 | gaussian_noise  | Gaussian Noise          | std (0.05)                                | 1   |
 | salt_and_pepper | Salt-and-Pepper Noise   | amount (0.05), salt_fraction (0.5)        | 1   |
-| elastic         | Elastic Deformations    | alpha (34), sigma (4)                     | 1   |
+| elastic         | Elastic Deformations    | alpha (34), sigma (4), fill (0)           | 1   |
 | cutout          | Cutout                  | size (8), fill (0)                        | 1   |
 | random_erasing  | Random Erasing          | area ((0.02, 0.33)), aspect ((0.3, 3.3)), | 1   |
 |                 |                         | fill ('random')                           |     |
@@ -407,8 +407,8 @@ def _partners(key, batch_size):
 def mixup(key, images_BxHxWxC, labels_BxK, alpha=0.2):
   """Mixup (Zhang et al., 2018): λ x_i + (1 - λ) x_j and the same for labels.
 
-  λ ~ Beta(alpha, alpha) per example; j is the partner of i in a random pairing
-  of the batch without self-pairs.
+  λ ~ Beta(alpha, alpha) per example; j follows i in a random cyclic order of
+  the batch (never i itself when B ≥ 2).
   """
   batch_size = images_BxHxWxC.shape[0]
   partner_key, weight_key = jax.random.split(key)

@@ -5,7 +5,7 @@ data source, so a split is a sequence: `len(source)`, and `source[i]` is a dict
 of feature values decoded by TFDS without TensorFlow (arrays as NumPy arrays,
 integer scalars such as 'label' as Python ints, text as UTF-8 bytes).
 
-Eight data sets are prepared from this machine alone (see `data/builders/`):
+Nine data sets are prepared from this machine alone (see `data/builders/`):
 
   mnist1d           train 4,000 / test 1,000   'x' float32 (40,), 'label' 10
   digits            train 1,437 / test 360     'image' uint8 (8, 8, 1), 'label' 10

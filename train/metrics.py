@@ -2,7 +2,8 @@
 
 Only process 0 writes. `metrics.jsonl` in the work directory gets one JSON
 object per record, `{"step": ..., "split": "train"|"eval", name: value, ...}`;
-a resumed run appends, so for a step written twice the later line wins.
+a resumed run first drops the records of steps after its checkpoint, then
+appends, so no step is recorded twice.
 Eval-hook outputs (`write_outputs`) are scalars, text or images: text and images
 also go to TensorBoard and to `samples/<name>_<step>.txt|png` in the work directory.
 """

@@ -54,7 +54,7 @@ def momentum_init(params: PyTree) -> MomentumState:
 
 def heavy_ball_step(params: PyTree, grads: PyTree, state: MomentumState, *, learning_rate: float,
                     momentum: float) -> tuple[PyTree, MomentumState]:
-  """Heavy-ball momentum (Polyak 1964), with m ∈ (0, 1] and step γ:
+  """Heavy-ball momentum (Polyak 1964), with m ∈ [0, 1] and step γ:
 
     v_{t+1} = m·v_t - γ ∇C(θ_t),   θ_{t+1} = θ_t + v_{t+1}.
   """
@@ -66,7 +66,7 @@ def heavy_ball_step(params: PyTree, grads: PyTree, state: MomentumState, *, lear
 
 def ema_momentum_step(params: PyTree, grads: PyTree, state: MomentumState, *, learning_rate: float,
                       beta: float) -> tuple[PyTree, MomentumState]:
-  """Momentum in moving-average form, with β ∈ (0, 1) and step η:
+  """Momentum in moving-average form, with β ∈ [0, 1) and step η:
 
     v_{t+1} = β·v_t + (1 - β) ∇C(θ_t),   θ_{t+1} = θ_t - η v_{t+1}.
 

@@ -22,7 +22,7 @@ An example of length T (the model's context; T + 1 tokens) is
 The prediction made at a query key is scored (weight 1); every other target has weight 0,
 so the language_model task's `accuracy` is the recall accuracy (chance 1/8). A query's
 distance is its position minus its pair's, from 2 to T − 1; the pairs are spread uniformly
-over the first n positions, so at T = 2,048 the mean distance is about 1,040 and a layer that
+over the first n positions, so at T = 2,048 the mean distance is about 1,025 and a layer that
 sees only the last w positions reaches a query's pair in roughly w / n of the cases.
 
 Vocabulary (313 tokens): pair k{a}:v{b} is id 8a + b (0 … 255); query key k{a} is

@@ -9,9 +9,9 @@
                  states at every step (Bahdanau et al. 2015; models/sequence/attention.py)
 
 Inputs are token ids [B, T] (embedded when `vocab_size` is set) or real values
-[B, T] or [B, T, C]. Every model takes per-example `lengths` where sequences
-are padded, a compute `dtype` (parameters and logits stay float32) and the
-cells of models/sequence/rnn.py.
+[B, T] or [B, T, C]. Every model takes a compute `dtype` (parameters and logits stay
+float32) and the cells of models/sequence/rnn.py, and every model but the language model
+per-example `lengths` where sequences are padded.
 """
 
 from typing import Any
@@ -134,8 +134,8 @@ class RNNTagger(nn.Module):
 class RNNLanguageModel(nn.Module):
   """Many-to-many, causal: p(x_{t+1} | x_≤t) = softmax(W h_t + b) with h_t of a stacked RNN.
 
-  Embedding E → L recurrent layers of H units (dropout between layers and
-  before the output layer; Zaremba et al. 2014) → logits. With `decode=True`
+  Embedding E → L recurrent layers of H units (dropout on the embeddings,
+  between layers and before the output layer; Zaremba et al. 2014) → logits. With `decode=True`
   every layer keeps its carry in the 'cache' collection, so generation
   (train/sampling.py) reads one token per step in O(1) time.
   """
