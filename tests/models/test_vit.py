@@ -257,11 +257,37 @@ def test_bfloat16_compute_is_close_to_float32(pool):
   assert logits.dtype == jnp.float32
   reference = jax.jit(tiny(pool=pool).apply)(variables, x)
   # bfloat16 keeps 8 significant bits (relative step 2^-8 ≈ 0.4%); the largest difference
-  # measured is 0.8% of the largest logit.
+  # measured is 0.8% of the largest logit. Zero would mean the compute dtype was ignored.
   scale = np.max(np.abs(reference))
   assert scale > 0.3
   difference = np.max(np.abs(logits - reference))
-  assert difference < 0.05 * scale
+  assert 0 < difference < 0.05 * scale, (difference, scale)
+  # The patch embedding, every block (its residual stream and projections) and the head compute
+  # in bfloat16; the LayerNorms stay float32.
+  _, state = jax.eval_shape(lambda v: model.apply(v, x, capture_intermediates=True,
+                                                  mutable=['intermediates']), variables)
+  outputs = {'/'.join(path[:-2]): leaf.dtype for path, leaf in _flatten(state['intermediates'])
+             if path[-2] == '__call__'}
+  layers = (('self_attention', ('query', 'key', 'value', 'out')), ('mlp', ('hidden', 'output')))
+  bfloat16 = ['patch_embed', 'head'] + [
+      name for i in range(TINY['num_layers']) for name in
+      [f'block{i}'] + [f'block{i}/{layer}/{n}' for layer, names in layers for n in names]]
+  for name in bfloat16:
+    assert outputs[name] == jnp.bfloat16, (name, outputs[name])
+  for name in ['final_norm'] + [f'block{i}/{n}_norm' for i in range(TINY['num_layers'])
+                                for n in ('self_attention', 'mlp')]:
+    assert outputs[name] == jnp.float32, (name, outputs[name])
+
+
+def _flatten(tree, path=()):
+  if isinstance(tree, dict):
+    for key, value in tree.items():
+      yield from _flatten(value, path + (key,))
+  elif isinstance(tree, (tuple, list)):
+    for i, value in enumerate(tree):
+      yield from _flatten(value, path + (i,))
+  else:
+    yield path, tree
 
 
 def test_every_parameter_is_trained_and_a_small_batch_is_fitted():
