@@ -29,9 +29,31 @@ def test_first_conv_is_the_stem_and_its_maps_are_the_correlation():
   np.testing.assert_allclose(maps, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_writes_the_figure_of_a_run(trained_run, tmp_path):
+def test_writes_the_figure_of_a_run(trained_run, data_dir, tmp_path, monkeypatch):
+  # Test image 8 (label 3; image 0 is a 1 and training image 8 an 8), as the digits task
+  # prepares it: the raw 0..16 pixels times input_scale = 1/16, read here from the data set.
+  import data  # pylint: disable=g-import-not-at-top
+  record = data.load('digits', 'test', data_dir=data_dir)[8]
+  expected = np.asarray(record['image'], np.float32)[None] / 16
+  label = int(record['label'])
+  assert label == 3 and expected.max() == 1
+
+  seen, figures = [], []
+  first_conv = plot_filters.first_conv
+
+  def recording(module, variables, inputs):
+    seen.append([np.asarray(x) for x in inputs])
+    return first_conv(module, variables, inputs)
+
+  close = plot_filters.plt.close
+  monkeypatch.setattr(plot_filters, 'first_conv', recording)
+  monkeypatch.setattr(plot_filters.plt, 'close', lambda fig: (figures.append(fig), close(fig)))
   output = str(tmp_path / 'filters.png')
-  what = plot_filters.plot(trained_run, 0, output)
+  what = plot_filters.plot(trained_run, 8, output)
+  assert len(seen) == 1 and len(seen[0]) == 1
+  np.testing.assert_array_equal(seen[0][0], expected)
+  titles = [ax.get_title() for ax in figures[0].axes]
+  assert f'input (test image 8, label {label})' in titles
   assert os.path.getsize(output) > 1000 and '4 kernels of 3×3' in what
   assert 'step 3' in what and checkpoint.restore_arrays(trained_run)['step'] == 3
 
