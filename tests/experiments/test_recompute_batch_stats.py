@@ -80,10 +80,40 @@ def test_writes_before_and_after_and_leaves_the_run_as_it_was(trained_run, capsy
     assert all(math.isfinite(v) for v in written[when].values())
   assert written['checkpoint_step'] == 3 and written['train_examples'] == 300
   assert written['batch_norm_layers'] == 6 and written['passes'] <= 6 and written['converged']
-  # The initial statistics are far from the population ones.
-  assert written['after']['loss'] != written['before']['loss']
   out = capsys.readouterr().out.splitlines()
   assert out[0].startswith('before: accuracy=') and out[1].startswith('after: accuracy=')
+
+  # Before: the checkpoint's variables as saved; after: its statistics replaced by those of
+  # the first 300 training images (pixels × 1/16) as one batch. Both evaluated here over the
+  # 360 test images in one apply: mean −log softmax(logits)[label] and accuracy.
+  import data  # pylint: disable=g-import-not-at-top
+  from train import batch_stats, loop  # pylint: disable=g-import-not-at-top
+
+  def prepared(split, count):
+    source = data.load('digits', split, data_dir=loop.read_config(trained_run).data.data_dir)
+    records = [source[i] for i in range(count)]
+    return (np.stack([np.asarray(r['image'], np.float32) for r in records]) / 16,
+            np.array([int(r['label']) for r in records]))
+
+  model = loop.build_parts(loop.read_config(trained_run), trained_run)[-1]
+  variables = checkpoint.eval_variables(checkpoint.restore_arrays(trained_run))
+  train_images, _ = prepared('train', 300)
+  test_images, test_labels = prepared('test', 360)
+  population, _ = batch_stats.recompute_batch_stats(model, variables, lambda: [train_images])
+
+  def metrics(stats):
+    logits = np.asarray(model.apply({**variables, 'batch_stats': stats}, test_images,
+                                    train=False), np.float64)
+    nll = (np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1))
+           + logits.max(-1) - logits[np.arange(360), test_labels])
+    return {'accuracy': np.mean(np.argmax(logits, -1) == test_labels), 'loss': np.mean(nll)}
+
+  expected = {'before': metrics(variables['batch_stats']), 'after': metrics(population)}
+  # The initial statistics (μ = 0, σ² = 1) are far from the population ones.
+  assert abs(expected['after']['loss'] - expected['before']['loss']) > 0.05
+  for when in ('before', 'after'):
+    assert written[when]['accuracy'] == pytest.approx(expected[when]['accuracy'], abs=1e-6)
+    assert written[when]['loss'] == pytest.approx(expected[when]['loss'], rel=1e-6)
 
 
 def test_the_statistics_come_from_the_first_training_examples_as_evaluated(trained_run,
