@@ -63,6 +63,14 @@ def test_horizontal_flip_mirrors_columns():
     np.testing.assert_array_equal(flipped[:, j], image[:, 6 - j])
 
 
+def test_vertical_flip_mirrors_rows():
+  image = _rgb(shape=(5, 7, 3))
+  flipped = np.asarray(augment.vertical_flip(jax.random.key(0), image))
+  assert flipped.shape == image.shape
+  for i in range(5):
+    np.testing.assert_array_equal(flipped[i], image[4 - i])
+
+
 def test_neutral_affine_parameters_are_identity():
   image = _rgb(shape=(9, 14, 3))
   np.testing.assert_allclose(
@@ -572,6 +580,58 @@ def test_color_jitter_with_zero_strengths_is_identity():
   out = augment.color_jitter(jax.random.key(0), image, brightness=0.0, contrast=0.0,
                              saturation=0.0, hue=0.0)
   np.testing.assert_allclose(out, image, atol=1e-5)
+
+
+def _hue_shifted(image_HxWx3, turns):
+  hsv = matplotlib.colors.rgb_to_hsv(image_HxWx3)
+  hsv[..., 0] = (hsv[..., 0] + turns) % 1
+  return matplotlib.colors.hsv_to_rgb(hsv)
+
+
+def _contrast(image_HxWx3, factor):
+  mean = (image_HxWx3 @ np.array([0.299, 0.587, 0.114])).mean()
+  return mean + factor * (image_HxWx3 - mean)
+
+
+def test_color_jitter_draws_its_order_and_factors_per_key():
+  # Only contrast and hue are on. A hue shift keeps each pixel's max and min but moves the mean
+  # luma, so the two orders give different images: contrast about the shifted image's mean luma
+  # or about the input's. Both are an offset plus c times the hue-shifted input, so the shift d
+  # is the change of every pixel's hue and c the slope of the output against the shifted input.
+  # The reddish image stays inside [0, 1] for c in [0.6, 1.4] and any d, so nothing clips.
+  rng = np.random.default_rng(0)
+  image = np.clip([0.6, 0.3, 0.35] + rng.uniform(-0.05, 0.05, (8, 8, 3)), 0, 1)
+  image = image.astype(np.float32)
+  count = 64
+  jitter = jax.jit(jax.vmap(lambda key: augment.color_jitter(
+      key, image, brightness=0.0, contrast=0.4, saturation=0.0, hue=0.5)))
+  outputs = np.asarray(jitter(_keys(count))).astype(np.float64)
+  hue_in = matplotlib.colors.rgb_to_hsv(image)[..., 0]
+  factors, turns, hue_first = [], [], []
+  for out in outputs:
+    change = matplotlib.colors.rgb_to_hsv(out)[..., 0] - hue_in
+    d = np.angle(np.mean(np.exp(2j * np.pi * change))) / (2 * np.pi)
+    shifted = _hue_shifted(image, d)
+    c = np.polyfit(shifted.ravel(), out.ravel(), 1)[0]
+    hue_then_contrast = _contrast(shifted, c)
+    contrast_then_hue = _hue_shifted(_contrast(image, c), d)
+    errors = [np.abs(out - reference).max() for reference in (hue_then_contrast,
+                                                               contrast_then_hue)]
+    assert min(errors) < 1e-5, errors
+    if max(errors) > 1e-4:  # Otherwise c is too close to 1, or d to 0, to tell the orders apart.
+      hue_first.append(errors[0] < errors[1])
+    factors.append(c)
+    turns.append(d)
+  # Contrast comes before hue in half of the 24 orders.
+  assert len(hue_first) > count // 2
+  assert abs(sum(hue_first) - len(hue_first) / 2) < 4 * np.sqrt(len(hue_first) / 4)
+  assert 0 < sum(hue_first) < len(hue_first)
+  factors, turns = np.array(factors), np.array(turns)
+  assert 0.6 - 1e-5 <= factors.min() < 0.8 and 1.2 < factors.max() <= 1.4 + 1e-5
+  assert -0.5 <= turns.min() < -0.3 and 0.3 < turns.max() <= 0.5
+  assert len(np.unique(np.round(factors, 4))) == count
+  # Independent draws are uncorrelated: 4 standard errors of the sample correlation.
+  assert abs(np.corrcoef(factors, turns)[0, 1]) < 4 / np.sqrt(count)
 
 
 # Noise.

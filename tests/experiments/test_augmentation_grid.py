@@ -64,6 +64,19 @@ def test_make_grid_draws_the_tinted_inputs_and_their_augmentations(fashion_dir, 
   _, mixed, mixed_labels = rows[2]
   assert mixed.shape == (3, 12, 12, 3) and 0 <= mixed.min() and mixed.max() <= 1
   np.testing.assert_allclose(mixed_labels.sum(axis=1), 1, atol=1e-6)
+  # The three classes differ, so each mixed one-hot label names the example and its partner:
+  # λ at the example's class and 1 - λ at the partner's.
+  example_of_class = {k: n for n, k in enumerate(labels[:3])}
+  mixed_rows = 0
+  for i, label in enumerate(mixed_labels):
+    weight = label[labels[i]]
+    others = [k for k in np.nonzero(label > 1e-6)[0] if k != labels[i]]
+    assert len(others) <= 1
+    j = example_of_class[others[0]] if others else i
+    np.testing.assert_allclose(mixed[i], weight * originals[i] + (1 - weight) * originals[j],
+                               atol=1e-5)
+    mixed_rows += j != i
+  assert mixed_rows > 0
   picture = matplotlib.image.imread(output)
   assert picture.ndim == 3 and min(picture.shape[:2]) > 100 and picture.std() > 0
 
