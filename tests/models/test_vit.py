@@ -266,8 +266,9 @@ def test_bfloat16_compute_is_close_to_float32(pool):
   # in bfloat16; the LayerNorms stay float32.
   _, state = jax.eval_shape(lambda v: model.apply(v, x, capture_intermediates=True,
                                                   mutable=['intermediates']), variables)
-  outputs = {'/'.join(path[:-2]): leaf.dtype for path, leaf in _flatten(state['intermediates'])
-             if path[-2] == '__call__'}
+  outputs = {'/'.join(jax.tree_util.keystr((key,), simple=True) for key in path[:-2]): a.dtype
+             for path, a in jax.tree_util.tree_flatten_with_path(state['intermediates'])[0]
+             if path[-2].key == '__call__'}
   layers = (('self_attention', ('query', 'key', 'value', 'out')), ('mlp', ('hidden', 'output')))
   bfloat16 = ['patch_embed', 'head'] + [
       name for i in range(TINY['num_layers']) for name in
@@ -277,17 +278,6 @@ def test_bfloat16_compute_is_close_to_float32(pool):
   for name in ['final_norm'] + [f'block{i}/{n}_norm' for i in range(TINY['num_layers'])
                                 for n in ('self_attention', 'mlp')]:
     assert outputs[name] == jnp.float32, (name, outputs[name])
-
-
-def _flatten(tree, path=()):
-  if isinstance(tree, dict):
-    for key, value in tree.items():
-      yield from _flatten(value, path + (key,))
-  elif isinstance(tree, (tuple, list)):
-    for i, value in enumerate(tree):
-      yield from _flatten(value, path + (i,))
-  else:
-    yield path, tree
 
 
 def test_every_parameter_is_trained_and_a_small_batch_is_fitted():
