@@ -622,7 +622,7 @@ def test_color_jitter_draws_its_order_and_factors_per_key():
       hue_first.append(errors[0] < errors[1])
     factors.append(c)
     turns.append(d)
-  # Contrast comes before hue in half of the 24 orders.
+  # Hue comes before contrast in half of the 24 orders of the four adjustments.
   assert len(hue_first) > count // 2
   assert abs(sum(hue_first) - len(hue_first) / 2) < 4 * np.sqrt(len(hue_first) / 4)
   assert 0 < sum(hue_first) < len(hue_first)
