@@ -4,18 +4,18 @@ Every command in README.md that runs one of the project's scripts (`python -m MO
 `python PATH.py`, inline or in an indented block) is read, not run: the script must exist,
 each `--flag` must be one the script defines, `--config=FILE` must exist, and every
 `--config.a.b=…` override and `--sweep=a.b:…` field must be a field of that config (or
-`model.KEY` an option of the model the command trains, which the entry point adds). A
-renamed flag or config field then fails here instead of in a reader's terminal.
+`model.KEY` or `task.KEY` an option of the model or task the command trains, which the
+entry point adds). A renamed flag or config field then fails here instead of in a
+reader's terminal.
 """
 
-import dataclasses
 import importlib.util
 import os
 import re
 
 import pytest
 
-from models import registry
+from experiments import command_line
 from tests.subprocess_util import REPO_ROOT
 
 ABSL_FLAGS = {'help', 'helpfull'}  # Defined by absl for every script.
@@ -60,17 +60,15 @@ def has_field(config, dotted: str) -> bool:
   return True
 
 
-def is_model_option(config, dotted: str, values: dict[str, str]) -> bool:
-  """Whether `dotted` is model.KEY with KEY a constructor field of the model the command
-  trains (`--config.model.name` or the config's): the entry point adds such an option when
-  the config leaves it at its default."""
+def is_unlisted_option(config, dotted: str, values: dict[str, str]) -> bool:
+  """Whether `dotted` is model.KEY or task.KEY with KEY an option of the model or task the
+  command trains (`--config.model.name` or the config's): the entry point adds such an
+  option when the config leaves it at its default."""
   block, _, key = dotted.partition('.')
-  if block != 'model' or '.' in key:
+  if block not in ('model', 'task') or '.' in key or block not in config:
     return False
-  name = values.get('config.model.name') or config.model.get('name')
-  cls = registry.MODELS.get(name)
-  cls = getattr(cls, 'func', cls)  # a preset given as functools.partial
-  return dataclasses.is_dataclass(cls) and key in {f.name for f in dataclasses.fields(cls)}
+  name = values.get(f'config.{block}.name') or config[block].get('name')
+  return key in command_line._options(block, name)  # pylint: disable=protected-access
 
 
 COMMANDS = readme_commands()
@@ -101,7 +99,7 @@ def test_readme_command_names_what_exists(command):
     assert os.path.exists(os.path.join(REPO_ROOT, config_file)), command
     config = load_config(config_file)
     missing = [field for field in fields
-               if not has_field(config, field) and not is_model_option(config, field, values)]
+               if not has_field(config, field) and not is_unlisted_option(config, field, values)]
     assert not missing, f'{config_file} has no field {missing} in {command!r}'
   else:  # No config, or a placeholder for any config (NAME.py, …): nothing to look up.
     assert not config_file or 'NAME' in config_file or '…' in config_file, command
