@@ -15,6 +15,7 @@ operands' shapes as they lie in memory and its dimension numbers, and
 if it were only its products.
 """
 
+import collections
 import math
 import re
 import time
@@ -189,10 +190,7 @@ def products_alone_seconds(product_list: list[Product], budget_bytes: int = 1 <<
 def kinds(product_list: list[Product]) -> list[tuple[Product, int]]:
   """The distinct products of `product_list` (same operands in memory, dimension numbers and
   types), each with how often it occurs, in the order each first occurs."""
-  counts: dict[Product, int] = {}
-  for product in product_list:
-    counts[product] = counts.get(product, 0) + 1
-  return list(counts.items())
+  return list(collections.Counter(product_list).items())
 
 
 def as_one_matrix_product(product: Product) -> Product:

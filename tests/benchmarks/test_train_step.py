@@ -124,12 +124,15 @@ def test_products_by_kind_time_each_kind_once_and_total_them_by_count():
                                  peak=2e11)
       print(json.dumps({'counts': [[list(p.lhs_shape), n] for p, n, _, _ in by_kind],
                         'positive': all(s > 0 and t > 0 for _, _, s, t in by_kind),
+                        'plain_equal': [s == t for _, _, s, t in by_kind],
                         'timed': [[list(p.lhs_shape) for p in ps] for ps in timed],
                         'printed': printed.getvalue().splitlines()}))
       ''')
   assert result['counts'] == [[[64, 32], 3], [[4, 16, 8], 1]] and result['positive']
-  # Each kind alone, then as one [M, K]·[K, N] product: the batched one as [64, 8]·[8, 16].
-  assert result['timed'] == [[[64, 32]], [[64, 32]], [[4, 16, 8]], [[64, 8]]]
+  # Each kind alone, then as one [M, K]·[K, N] product: the batched one as [64, 8]·[8, 16];
+  # the plain one already is one, so it is timed once and its two times are the same.
+  assert result['timed'] == [[[64, 32]], [[4, 16, 8]], [[64, 8]]]
+  assert result['plain_equal'] == [True, False]
   header, first, second, total = result['printed']
   assert first == ('      3 × [2048, 256] · [256, 256] (contracting [1]·[0], f32): 1.000 ms each, '
                    '268.4 GFLOP/s (134%); as [2048, 256] · [256, 256]: 89.5 GFLOP/s')
