@@ -263,6 +263,13 @@ def _unknown_key(config: ml_collections.ConfigDict, path: str, arg: str) -> str 
       sentence += f' (nearest: {", ".join(nearest)})'
     if parents in (['task'], ['model']) and _options(parent, node.get('name')):
       kind = 'task' if parent == 'task' else 'model'
+      rest = path.split('.')[len(parents) + 1:]
+      if name in _options(parent, node.name) and rest:
+        # A key inside an option the config leaves out (_add_unlisted_options adds only a
+        # whole option), e.g. --config.model.attention_options.block=64.
+        return (f'{sentence}; the {node.name} {kind} takes {name!r}, but the config leaves '
+                f'it out, so set it whole, e.g. --config.{parent}.{name}="{{\'{rest[0]}\': '
+                f'...}}".')
       return (f'{sentence}; the {node.name} {kind} takes: '
               f'{", ".join(sorted(_options(parent, node.name)))}.')
     return f'{sentence}; every key and its default is in {_DEFAULTS}.'

@@ -84,6 +84,22 @@ def test_a_task_or_model_option_the_config_leaves_out_can_be_set(tmp_path):
       'input_scale, input_std, label_smoothing.')
 
 
+def test_a_key_inside_an_option_the_config_leaves_out_says_to_set_the_option_whole(tmp_path):
+  # Only a whole option is added to the config, so a key inside one was refused with the
+  # model's option list, which names the very option the flag had set.
+  gpt = 'experiments/configs/shakespeare_char_gpt.py'
+  assert _error(f'--config={gpt}', f'--workdir={tmp_path}',
+                '--config.model.attention_options.block=64') == (
+      "error: --config.model.attention_options.block: config.model has no key "
+      "'attention_options'; the gpt model takes 'attention_options', but the config leaves it "
+      "out, so set it whole, e.g. --config.model.attention_options=\"{'block': ...}\".")
+  # Set whole, the option reaches the model, whose own check names what it takes.
+  assert _error(f'--config={gpt}', f'--workdir={tmp_path}', '--config.model.attention=local',
+                "--config.model.attention_options={'block_size': 32}") == (
+      "error: GPT attention_options has 'block_size', which attention='local' does not take; "
+      'allowed: block, query_blocks.')
+
+
 def test_badly_typed_override(tmp_path):
   assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}',
                 '--config.num_train_steps=abc') == (
