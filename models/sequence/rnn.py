@@ -121,6 +121,7 @@ class Recurrent(nn.Module):
   With `reverse`, each example's first `length` steps are read last to first
   (padding stays at the end, as in `flax.linen.recurrent.flip_sequences`) and
   the outputs are put back in input order, so y_t summarises x_t … x_{length−1}.
+  Lengths are clipped to [0, T]: a length ≥ T reads every step in both directions.
 
   With `decode=True` the carry is kept in the 'cache' collection between calls
   (created at `init`), so a generator can feed one step at a time
@@ -153,6 +154,10 @@ class Recurrent(nn.Module):
       cache = self.variable('cache', 'carry', lambda: initial_carry)
       if is_initialized:
         initial_carry = cache.value
+    if lengths_B is not None:
+      # A length past the last step means every step; unclipped, `flip_sequences` (which indexes
+      # (t + length) mod T) would rotate the reversed input instead.
+      lengths_B = jnp.clip(jnp.asarray(lengths_B), 0, steps)
     valid_BxT = jnp.ones((batch, steps), bool) if lengths_B is None else (
         jnp.arange(steps)[None, :] < jnp.asarray(lengths_B)[:, None])
     if self.reverse:
@@ -199,6 +204,9 @@ class RNN(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxC, lengths_B=None, initial_carries: Sequence | None = None, *,
                train: bool = False, decode: bool = False):
+    if decode and self.bidirectional:  # the backward direction needs the whole sequence at once
+      raise ValueError('A bidirectional RNN cannot decode one step at a time; use '
+                       'bidirectional=False to decode.')
     y_BxTxH, carries = x_BxTxC, []
     for layer in range(self.num_layers):
       if layer > 0 and self.dropout_rate > 0:

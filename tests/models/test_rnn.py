@@ -347,6 +347,21 @@ def test_padding_changes_nothing(kind):
                carries_perturbed, carries)
 
 
+def test_lengths_past_the_last_step_read_every_step():
+  """A length past T reads the same T steps as T, backwards too (not a rotated input)."""
+  drawn, variables = rnn_params('gru', 1, True, seed=16)
+  x_BxTxC = inputs(B, T, C, seed=17)
+  lengths = np.array([T, 4, 0, T])
+  run = rnn_apply('gru', 1, True)
+  y_long, carries_long = run(variables, x_BxTxC, np.array([T + 2, 4, 0, T + 5]))
+  y, carries = run(variables, x_BxTxC, lengths)
+  np.testing.assert_array_equal(y_long, y)
+  jax.tree.map(np.testing.assert_array_equal, carries_long, carries)
+  expected_y, expected_carries = reference_rnn('gru', drawn, x_BxTxC, lengths)
+  np.testing.assert_allclose(y_long, expected_y, **TOL)
+  assert_trees_close(carries_long, expected_carries, **TOL)
+
+
 @pytest.mark.parametrize('kind', ['elman', 'lstm'])
 def test_rnn_initial_carries_start_every_layer_and_direction(kind):
   x_BxTxC = inputs(B, T, C, seed=22)
@@ -420,4 +435,11 @@ def test_stacked_rnn_decodes_one_step_at_a_time():
 def test_a_reverse_layer_refuses_to_decode():
   with pytest.raises(ValueError, match='reverse recurrent layer cannot decode'):
     jax.eval_shape(lambda: rnn.Recurrent('gru', H, reverse=True).init(
+        jax.random.PRNGKey(0), inputs(B, T, C), decode=True))
+
+
+def test_a_bidirectional_rnn_refuses_to_decode():
+  """Its backward direction would read only the new step, not the whole sequence."""
+  with pytest.raises(ValueError, match='bidirectional RNN cannot decode'):
+    jax.eval_shape(lambda: rnn.RNN('gru', H, bidirectional=True).init(
         jax.random.PRNGKey(0), inputs(B, T, C), decode=True))
