@@ -104,18 +104,38 @@ def test_d3pm_binarises_images_and_its_loss_prefers_the_right_predictor():
   assert right_loss < 0.01 and wrong_loss > 0.3, (right_loss, wrong_loss)
 
 
+class FlatExamples:
+  """A 'module' applying an MLP of examples [B, D] to examples of any shape [B, …]."""
+
+  def __init__(self, model):
+    self.model = model
+
+  def apply(self, variables, x, t_B):
+    return self.model.apply(variables, x.reshape(x.shape[0], -1), t_B).reshape(x.shape)
+
+
 @pytest.mark.parametrize('objective', ['ddpm', 'score_sde'])
-def test_samples_of_an_untrained_network_have_the_data_shape(objective):
-  meta = {'features': ('x',), 'shapes': {'x': (2,)}}
+@pytest.mark.parametrize('shape', [(2,), (2, 2, 1)])
+def test_samples_of_an_untrained_network_have_the_data_shape(objective, shape):
+  meta = {'features': ('x',), 'shapes': {'x': shape}}
   task = tasks.build('diffusion', meta, objective=objective, input_key='x')
   model = TimeMLP(hidden=(8,), embed_dim=4)
-  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 2)), jnp.ones((1,)))
+  flat = int(np.prod(shape))
+  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, flat)), jnp.ones((1,)))
   # VP's reverse-diffusion predictor needs β(t)·dt < 1, so more than 20 steps.
   steps = 4 if objective == 'ddpm' else 25
-  x = task.sample(model, variables, jax.random.PRNGKey(1), 5, steps=steps)
-  # The task clips to [0, 1] (an untrained network's samples end at 0 or 1), so the range
-  # check only catches NaN; what the samplers draw is tested with the exact ε below.
-  assert x.shape == (5, 2) and np.all((0 <= x) & (x <= 1))
+  x = np.asarray(task.sample(FlatExamples(model), variables, jax.random.PRNGKey(1), 5,
+                             steps=steps))
+  assert x.shape == (5, *shape) and np.all(np.isfinite(x))
+  # Images come back in [0, 1]; the points of real-valued data in their own scale, here
+  # beyond [0, 1] (an untrained network's samples are far from the data).
+  if len(shape) == 3:
+    assert np.all((0 <= x) & (x <= 1))
+  else:
+    assert np.any((x < 0) | (x > 1))
+  # The grid of samples after each evaluation is drawn for images only.
+  with_samples = tasks.build('diffusion', meta, objective=objective, input_key='x', num_samples=4)
+  assert len(with_samples.eval_hooks()) == (len(shape) == 3)
 
 
 class ExactEps:
@@ -145,10 +165,11 @@ def test_every_ddpm_sampler_draws_the_data_with_the_exact_eps(sampler, steps, op
                      input_key='x')
   x = jax.jit(lambda key: task.sample(ExactEps(), {}, key, 2048, steps, sampler=sampler,
                                       **options))(jax.random.PRNGKey(3))
-  # Back from [0, 1] to the data's scale: zero mean, std c (4 standard errors: 0.027 and
-  # 4.4 %; measured ≤ 0.0063 and ≤ 3.4 %, ancestral the largest). A sampler that skips the
-  # noise or mistimes the network's steps draws another std.
-  x = 2 * np.asarray(x, np.float64) - 1
+  # Points in the data's own scale: zero mean, std c (4 standard errors: 0.027 and 4.4 %;
+  # measured ≤ 0.0063 and ≤ 3.4 %, ancestral the largest). A sampler that skips the noise or
+  # mistimes the network's steps draws another std; samples mapped to [0, 1] as images are,
+  # std c / 2.
+  x = np.asarray(x, np.float64)
   assert np.all(np.abs(x.mean(0)) < 4 * ExactEps.C / np.sqrt(2048)), x.mean(0)
   assert abs(x.std() / ExactEps.C - 1) < 4 / np.sqrt(2 * x.size), x.std()
 

@@ -5,7 +5,7 @@ time-conditioned MLP for points); the objective decides what x_t, t and the targ
 
   objective   x_t                                   model predicts       loss per example
   ddpm        √ᾱ_t x_0 + √(1 − ᾱ_t) ε, t ~ U{1…T}    ε                    ‖ε − ε̂‖² / D (Ho et al. 2020, eq. 14)
-  score_sde   x_0 m(t) + s(t) z, t ~ U[ε, 1]         −z (score = −out/s)   ‖s·score + z‖² / D (Song et al. 2021, eq. 7, λ = s²)
+  score_sde   x_0 m(t) + s(t) z, t ~ U[ε, 1]         z (score = −out/s)    ‖s·score + z‖² / D (Song et al. 2021, eq. 7, λ = s²)
   cold        D(x_0, t), t ~ U{1…T}                  x_0                  ‖R − x_0‖₁ / D (Bansal et al. 2022)
   d3pm        x_t ~ q(x_t | x_0), t ~ U{1…T}         logits of x_0        L_vb(t) + λ CE (Austin et al. 2021, eq. 5), per position
 
@@ -209,13 +209,14 @@ class Diffusion(base.Task):
 
   def sample(self, module, variables, key, num: int, steps: int = 0, shape=None,
              sampler: str | None = None, ode_grid: str = 'uniform') -> jax.Array:
-    """`num` samples x_0 [num, …] of the trained model (images in [0, 1]), with `steps`
+    """`num` samples x_0 [num, …] of the trained model, with `steps`
     steps (0: every step of the process; 1,000 for 'pc', 100 for 'ode'); `shape` is one
     example's (default: the data's, from `meta['shapes']`). `sampler` is one of the
     objective's SAMPLERS (default the first): ancestral (ddpm: Algorithm 2 respaced to
     `steps`; d3pm: all T steps), ddim (σ = 0), pc (reverse-diffusion predictor and one
     Langevin corrector step) or ode (probability-flow ODE, RK4, on the time grid
-    `ode_grid`: models.generative.sde.TIME_GRIDS)."""
+    `ode_grid`: models.generative.sde.TIME_GRIDS). Images (examples of shape [H, W, C]) come
+    back in [0, 1]; other data (the 2-D mixtures' points) in their own scale."""
     allowed = SAMPLERS[self.objective]
     sampler = sampler or (allowed[0] if allowed else None)
     if sampler not in allowed:
@@ -243,18 +244,17 @@ class Diffusion(base.Task):
     else:
       x = sde_lib.ode_sample(*self.score_model(apply), full, key, num_steps=steps or 100,
                              spacing=ode_grid)
-    return jnp.clip((x + 1) / 2, 0, 1)
+    return jnp.clip((x + 1) / 2, 0, 1) if len(shape) == 3 else x
 
   def eval_hooks(self):
     wants = self.num_samples and self.objective != 'cold'
-    return [self._sample_grid] if wants and self.meta.get('shapes') else []
+    images = len(self.meta.get('shapes', {}).get(self.input_key, ())) == 3
+    return [self._sample_grid] if wants and images else []
 
   def _sample_grid(self, context: base.HookContext) -> dict:
     images = np.asarray(jax.jit(lambda v, k: self.sample(
         context.module, v, k, self.num_samples, self.sample_steps))(context.variables,
                                                                      context.rng))
-    if images.ndim != 4:
-      return {}
     return {'samples': image_grid(images)}
 
 
