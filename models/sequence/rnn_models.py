@@ -47,6 +47,9 @@ class SequenceInput(nn.Module):
         raise ValueError('The model got token ids but has no vocab_size; set config.model.vocab_size.')
       return nn.Embed(self.vocab_size, self.embed_dim, dtype=self.dtype,
                       param_dtype=jnp.float32)(inputs)
+    if self.vocab_size:  # real values here would skip the embedding and be read as one feature
+      raise ValueError(f'The model has vocab_size={self.vocab_size} but got {inputs.dtype} '
+                       'inputs; token ids must be integers.')
     inputs = inputs.astype(self.dtype)
     return inputs[..., None] if inputs.ndim == 2 else inputs
 

@@ -259,6 +259,14 @@ def test_classifier_readouts_ignore_padding(readout):
                              logits, atol=1e-6)
 
 
+def test_classifier_with_a_vocabulary_refuses_real_valued_inputs():
+  # Token ids as floats (e.g. converted by the classification task) would otherwise skip the
+  # embedding and be read as one real-valued feature per step.
+  model = rnn_models.RNNClassifier(4, cell='gru', features=8, vocab_size=60, embed_dim=4)
+  with pytest.raises(ValueError, match='vocab_size=60 but got float32 inputs'):
+    jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), SOURCE.astype(jnp.float32), LENGTHS))
+
+
 @pytest.mark.parametrize('readout', ['mean', 'max'])
 def test_classifier_summary_of_an_empty_sequence_is_zero(readout):
   # No valid step: the summary is 0, so the logits are the head's bias (a max over no steps
