@@ -81,6 +81,8 @@ def _level(gram_codes, gram_counts, vocab_size, discount) -> _Level:
 
 def max_order(vocab_size: int) -> int:
   """The highest order whose m-gram codes (base-V numbers of n digits) stay below 2⁶²."""
+  if not isinstance(vocab_size, (int, np.integer)) or vocab_size < 2:  # V ≤ 1 would never stop
+    raise ValueError(f'The vocabulary size must be an integer of at least 2, not {vocab_size!r}.')
   order = 0
   while float(vocab_size) ** (order + 1) < 2.0 ** 62:
     order += 1

@@ -11,6 +11,7 @@ a b c d e (e never occurs), so V = 5:
 import collections
 from fractions import Fraction
 import random
+import signal
 
 import numpy as np
 import pytest
@@ -213,6 +214,23 @@ def test_bad_options_are_refused_in_one_sentence(options, parts):
   with pytest.raises(ValueError) as error:
     ngram.NGramModel(ids(CORPUS), **options)
   assert_one_sentence(str(error.value), *parts)
+
+
+@pytest.mark.parametrize('vocab_size', [0, 1])
+def test_a_vocabulary_of_fewer_than_two_ids_is_refused_promptly(vocab_size):
+  # V^(n + 1) never reaches 2⁶² for V ≤ 1, so the order limit must not be searched for; the
+  # alarm turns a search that never ends into a failure.
+  def hang(signum, frame):
+    raise TimeoutError(f'vocab_size={vocab_size} was not refused within 5 s.')
+  previous = signal.signal(signal.SIGALRM, hang)
+  signal.alarm(5)
+  try:
+    with pytest.raises(ValueError) as error:
+      ngram.NGramModel(np.zeros(4, np.int64), vocab_size=vocab_size, order=2)
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+  assert_one_sentence(str(error.value), 'vocabulary size', 'at least 2', str(vocab_size))
 
 
 @pytest.mark.parametrize('vocab_size', [2, 3, 29, 65, 256, 50_257])
