@@ -170,14 +170,25 @@ class NGramModel:
     """log P(target | history) per row, in nats.
 
     `history_BxH` holds each target's preceding ids, most recent last; its
-    last min(H, n − 1) columns are used, and negative entries mark positions
-    before the start of the text (they must come before every real token).
+    last min(H, n − 1) columns are used, and entries of −1 mark positions
+    before the start of the text (they must come before every real token), as
+    do the columns a history of H < n − 1 lacks. Targets must be ids in [0, V).
     """
     history_BxH = np.asarray(history_BxH, np.int64)
     targets_B = np.asarray(targets_B, np.int64)
-    batch = len(targets_B)
-    history_BxK = history_BxH[:, history_BxH.shape[1] - min(history_BxH.shape[1], self.order - 1):]
-    width = history_BxK.shape[1]
+    # Ids outside [0, V) would be coded as other m-grams' digits and given a probability.
+    outside = (targets_B < 0) | (targets_B >= self.vocab_size)
+    if outside.any():
+      raise ValueError(f'A target id {targets_B[outside][0]} is outside [0, {self.vocab_size}).')
+    outside = (history_BxH < -1) | (history_BxH >= self.vocab_size)
+    if outside.any():
+      raise ValueError(f'A history entry {history_BxH[outside][0]} is neither an id in '
+                       f'[0, {self.vocab_size}) nor -1 (before the text).')
+    batch, width = len(targets_B), self.order - 1
+    # Left-padded with −1 to n − 1 columns, so every level below can index its token.
+    kept = min(history_BxH.shape[1], width)
+    history_BxK = np.concatenate([np.full((batch, width - kept), -1, np.int64),
+                                  history_BxH[:, history_BxH.shape[1] - kept:]], axis=1)
     # The available context is the run of real tokens at the end of the history.
     real_BxK = history_BxK >= 0
     reversed_real = real_BxK[:, ::-1]

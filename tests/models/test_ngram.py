@@ -216,6 +216,33 @@ def test_bad_options_are_refused_in_one_sentence(options, parts):
   assert_one_sentence(str(error.value), *parts)
 
 
+@pytest.mark.parametrize('smoothing', ['kneser_ney', 'add_k'])
+def test_a_short_history_is_left_padded_with_before_the_text(smoothing):
+  # An order-4 model reads 3 columns; histories of 0, 1 and 2 ids are the same histories
+  # written out with -1 (before the text) in front.
+  lm = ngram.NGramModel(np.random.default_rng(5).integers(0, 5, 200), vocab_size=5, order=4,
+                        smoothing=smoothing)
+  targets = np.arange(5)
+  for short in ([], [3], [1, 3]):
+    rows = np.tile(np.array(short, np.int64).reshape(1, -1), (5, 1))
+    padded = np.tile(np.array([-1] * (3 - len(short)) + short).reshape(1, -1), (5, 1))
+    np.testing.assert_array_equal(lm.log_prob(rows, targets), lm.log_prob(padded, targets))
+
+
+@pytest.mark.parametrize('history_row, target, parts', [
+    ([0, 1], 5, ['target', '5', '[0, 5)']),
+    ([0, 1], -1, ['target', '-1', '[0, 5)']),
+    ([0, 5], 2, ['history', '5', '[0, 5)', '-1']),
+    ([-2, 1], 2, ['history', '-2', '[0, 5)', '-1']),
+])
+def test_ids_outside_the_vocabulary_are_refused_in_one_sentence(history_row, target, parts):
+  # Coded in base V, they would otherwise read as other m-grams and get a probability.
+  lm = model(3)
+  with pytest.raises(ValueError) as error:
+    lm.log_prob(np.array([history_row]), np.array([target]))
+  assert_one_sentence(str(error.value), *parts)
+
+
 @pytest.mark.parametrize('vocab_size', [0, 1])
 def test_a_vocabulary_of_fewer_than_two_ids_is_refused_promptly(vocab_size):
   # V^(n + 1) never reaches 2⁶² for V ≤ 1, so the order limit must not be searched for; the
