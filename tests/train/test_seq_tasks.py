@@ -16,6 +16,14 @@ def _bound(module, variables):
   return tasks.BoundModel(module, variables['params'], {}, {}, train=False, axis_name=None)
 
 
+def _nll(logits_NxK, labels_N):
+  """−log softmax(logits)[label] per row, in float64."""
+  logits_NxK = np.asarray(logits_NxK, np.float64)
+  top_N = logits_NxK.max(-1)
+  log_z_N = top_N + np.log(np.exp(logits_NxK - top_N[:, None]).sum(-1))
+  return log_z_N - logits_NxK[np.arange(len(labels_N)), labels_N]
+
+
 def test_targets_are_shifted_by_one_with_bos_and_eos():
   texts = np.zeros((2, 4), np.uint8)
   texts[0, :3] = np.frombuffer(b'abc', np.uint8)
@@ -65,6 +73,12 @@ def test_exact_match_is_greedy_decoding_equal_up_to_eos():
   # The teacher-forced accuracy counts the characters and EOS the oracle gets right.
   correct, positions = (float(np.sum(x)) for x in totals['accuracy'])
   assert (correct, positions) == (4 + 3 + 3 + 3, 4 + 4 + 4 + 3)
+  # The loss is the mean NLL over the characters and EOS only: the oracle's logits at the padded
+  # positions (d against PAD in row 0, EOS against PAD in row 3) count for nothing.
+  logits = 10.0 * np.eye(128)[decoded.astype(int)]
+  nll = [_nll(logits[row, :len(text) + 1], list(text) + [EOS_ID]) for row, text in enumerate(texts)]
+  loss_total, loss_weight = (float(np.sum(x)) for x in totals['loss'])
+  assert loss_total / loss_weight == pytest.approx(np.mean(np.concatenate(nll)), rel=1e-6)
 
 
 def test_target_names_spell_the_label():
@@ -107,7 +121,7 @@ def test_tagging_f1_over_batches_equals_sklearn_over_the_valid_steps():
   task = tasks.build('tagging', {'features': ('input', 'tags', 'length')})
   module = _FixedLogits()
   sums = {}
-  all_true, all_pred = [], []
+  all_true, all_pred, all_nll = [], [], []
   for _ in range(3):  # three batches, summed like an evaluation over a split
     logits = rng.normal(size=(4, 6, 2)).astype(np.float32)
     tags = rng.integers(0, 2, size=(4, 6))
@@ -121,7 +135,10 @@ def test_tagging_f1_over_batches_equals_sklearn_over_the_valid_steps():
     for row, length in enumerate(lengths):
       all_true.extend(tags[row, :length])
       all_pred.extend(np.argmax(logits[row, :length], -1))
+      all_nll.extend(_nll(logits[row, :length], tags[row, :length]))
   values = task.finalize(sums)
+  # The loss is the mean NLL over the valid steps only, not over the padded ones too.
+  assert values['loss'] == pytest.approx(np.mean(all_nll), rel=1e-6)
   assert values['f1'] == pytest.approx(sk_metrics.f1_score(all_true, all_pred), abs=1e-6)
   assert values['accuracy'] == pytest.approx(sk_metrics.accuracy_score(all_true, all_pred),
                                              abs=1e-6)
