@@ -77,7 +77,7 @@ def blur(x0_BxHxWxC, t, *, sigma: float = 1.0) -> jax.Array:
   along each axis Gᵗ = V diag(λᵗ) Vᵀ with G's eigenvalues λ and orthonormal eigenvectors V.
   D(x_0, 0) = x_0 exactly."""
   _check_images(x0_BxHxWxC)
-  t_B = ddpm_lib.per_example_steps(t, x0_BxHxWxC)
+  t_B = ddpm_lib.per_example_steps(t, x0_BxHxWxC, first=0)
   _, height, width, _ = x0_BxHxWxC.shape
   dtype = x0_BxHxWxC.dtype
   (lam_H, v_HxH), (lam_W, v_WxW) = _blur_eigen(height, sigma), _blur_eigen(width, sigma)
@@ -121,7 +121,7 @@ def mask(x0_BxHxWxC, t, *, rank_HxW, num_steps: int, fill: float = 0.0) -> jax.A
   if tuple(rank_HxW.shape) != (height, width):
     raise ValueError(f'rank_HxW of shape {tuple(rank_HxW.shape)} must match the images\' '
                      f'[H, W] = [{height}, {width}].')
-  t_B = ddpm_lib.per_example_steps(t, x0_BxHxWxC)
+  t_B = ddpm_lib.per_example_steps(t, x0_BxHxWxC, first=0)
   # r < tN/T compared in integers: r·T < t·N.
   masked_BxHxW = rank_HxW[None] * num_steps < t_B[:, None, None] * (height * width)
   return jnp.where(masked_BxHxW[..., None], jnp.asarray(fill, x0_BxHxWxC.dtype), x0_BxHxWxC)
@@ -129,7 +129,7 @@ def mask(x0_BxHxWxC, t, *, rank_HxW, num_steps: int, fill: float = 0.0) -> jax.A
 
 def restoration_loss(restore_fn: RestoreFn, degrade_fn: DegradeFn, x0, t) -> jax.Array:
   """‖R(D(x_0, t), t) − x_0‖₁ per example [B], averaged over its entries (§3)."""
-  t_B = ddpm_lib.per_example_steps(t, x0)
+  t_B = ddpm_lib.per_example_steps(t, x0, first=0)
   x0_hat = restore_fn(degrade_fn(x0, t_B), t_B)
   return jnp.mean(jnp.abs(x0_hat - x0).reshape(x0.shape[0], -1), axis=1)
 

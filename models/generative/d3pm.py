@@ -123,7 +123,7 @@ def cumulative_matrix(schedule: Schedule, t) -> jax.Array:
 def q_probs(schedule: Schedule, x0, t) -> jax.Array:
   """q(x_t | x_0) = x_0 Q̄_t = ᾱ_t x_0 + (1 − ᾱ_t) m [B, …, K] (eq. 2) for integer x_0 [B, …]
   and steps t (a scalar or one per example, [B])."""
-  t_B = ddpm_lib.per_example_steps(t, x0)
+  t_B = ddpm_lib.per_example_steps(t, x0, first=0, last=schedule.num_steps)
   x0_onehot = jax.nn.one_hot(x0, schedule.num_classes, dtype=schedule.alpha_bars.dtype)
   return (_at(schedule.alpha_bars, t_B, x0_onehot.ndim) * x0_onehot
           + _at(schedule.one_minus_alpha_bars, t_B, x0_onehot.ndim) * stationary_probs(schedule))
@@ -142,7 +142,8 @@ def q_posterior_logits(schedule: Schedule, x0, x_t, t) -> jax.Array:
   Impossible pairs (an absorbing x_t that is neither x_0 nor the mask) give NaN.
   """
   log_x0 = jnp.log(jax.nn.one_hot(x0, schedule.num_classes, dtype=schedule.alpha_bars.dtype))
-  return _posterior_logits(schedule, log_x0, x_t, ddpm_lib.per_example_steps(t, x_t))
+  return _posterior_logits(schedule, log_x0, x_t,
+                           ddpm_lib.per_example_steps(t, x_t, last=schedule.num_steps))
 
 
 def p_logits(schedule: Schedule, x_t, t, x0_logits) -> jax.Array:
@@ -159,7 +160,8 @@ def p_logits(schedule: Schedule, x_t, t, x0_logits) -> jax.Array:
                      f'{x_t.shape + (schedule.num_classes,)}.')
   log_p0 = jax.nn.log_softmax(x0_logits.astype(
       jnp.promote_types(x0_logits.dtype, schedule.alpha_bars.dtype)), axis=-1)
-  return _posterior_logits(schedule, log_p0, x_t, ddpm_lib.per_example_steps(t, x_t))
+  return _posterior_logits(schedule, log_p0, x_t,
+                           ddpm_lib.per_example_steps(t, x_t, last=schedule.num_steps))
 
 
 def prior_kl(schedule: Schedule, x0) -> jax.Array:
@@ -273,5 +275,7 @@ def _mean_over_positions(x):
 
 
 def _at(values, t_B, ndim):
-  """values[t] per example, shaped [B, 1, …, 1] (ndim axes) to broadcast against [B, …, K]."""
-  return values[t_B].reshape(t_B.shape + (1,) * (ndim - 1))
+  """values[t] per example, shaped [B, 1, …, 1] (ndim axes) to broadcast against [B, …, K];
+  NaN for a step outside 0 … T (a traced step cannot be checked before it is used)."""
+  picked_B = values.at[t_B].get(mode='fill', fill_value=jnp.nan, wrap_negative_indices=False)
+  return picked_B.reshape(t_B.shape + (1,) * (ndim - 1))

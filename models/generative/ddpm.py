@@ -117,12 +117,25 @@ def respace(schedule: Schedule, num_steps: int) -> Schedule:
 
 
 def _at(values_T, t_B, x):
-  """values[t − 1] for each example, shaped to broadcast against x [B, …]."""
-  return values_T[t_B - 1].reshape((-1,) + (1,) * (x.ndim - 1))
+  """values[t − 1] for each example, shaped to broadcast against x [B, …]; NaN for a step
+  outside 1 … T (a traced step cannot be checked before it is used)."""
+  picked_B = values_T.at[t_B - 1].get(mode='fill', fill_value=jnp.nan, wrap_negative_indices=False)
+  return picked_B.reshape((-1,) + (1,) * (x.ndim - 1))
 
 
-def per_example_steps(t, x):
-  """t as int32 [B] for x [B, …]: a scalar is used for every example (ddpm, cold, d3pm)."""
+def per_example_steps(t, x, first: int = 1, last: int | None = None):
+  """t as int32 [B] for x [B, …]: a scalar is used for every example (ddpm, cold, d3pm).
+
+  Steps given as values (not traced) must be integers from `first` to `last` (None: no upper
+  bound): a step 0 of a process numbered from 1 would otherwise read step T, and 0.5 step 0.
+  """
+  if not isinstance(t, jax.core.Tracer):
+    values = np.asarray(t)
+    whole = np.issubdtype(values.dtype, np.integer) or np.all(values == np.round(values))
+    if values.size and (values.dtype == bool or not whole or values.min() < first
+                        or (last is not None and values.max() > last)):
+      bounds = f'from {first} to {last}' if last is not None else f'of at least {first}'
+      raise ValueError(f'Steps t={values.tolist()} must be integers {bounds}.')
   t = jnp.asarray(t)
   if t.ndim > 1 or (t.ndim == 1 and t.shape[0] != x.shape[0]):
     raise ValueError(f't of shape {t.shape} must be a scalar or one step per example, '
@@ -132,7 +145,7 @@ def per_example_steps(t, x):
 
 def q_sample(schedule: Schedule, x0, t, noise):
   """x_t = √ᾱ_t x_0 + √(1 − ᾱ_t) ε (eq. 4); t is an int or int [B] in 1 … T."""
-  t_B = per_example_steps(t, x0)
+  t_B = per_example_steps(t, x0, last=schedule.num_steps)
   return (jnp.sqrt(_at(schedule.alpha_bars_T, t_B, x0)) * x0
           + jnp.sqrt(_at(schedule.one_minus_alpha_bars_T, t_B, x0)) * noise)
 
@@ -150,7 +163,7 @@ def loss_terms(schedule: Schedule, eps_fn: EpsFn, x0, key):
 
 def posterior_mean_variance(schedule: Schedule, x0, x_t, t):
   """Mean μ̃_t(x_t, x_0) [B, …] and variance β̃_t [B, 1, …] of q(x_{t−1} | x_t, x_0) (eqs. 6–7)."""
-  t_B = per_example_steps(t, x_t)
+  t_B = per_example_steps(t, x_t, last=schedule.num_steps)
   alpha_bar_prev, one_minus_alpha_bar_prev, one_minus_alpha_bar, beta, alpha = (
       _at(a, t_B, x_t) for a in (schedule.alpha_bars_prev_T, schedule.one_minus_alpha_bars_prev_T,
                                  schedule.one_minus_alpha_bars_T, schedule.betas_T,
@@ -180,7 +193,7 @@ def p_sample_step(schedule: Schedule, eps_fn: EpsFn, x_t, t, key, variance: str 
   σ_t² = β_t (variance='beta') or β̃_t ('beta_tilde'), z ~ N(0, I) from `key`, and no noise
   at t = 1. t is an int or int [B] in 1 … T of `schedule`."""
   _check_variance(variance)
-  t_B = per_example_steps(t, x_t)
+  t_B = per_example_steps(t, x_t, last=schedule.num_steps)
   eps = eps_fn(x_t, schedule.timesteps_T[t_B - 1])
   beta, alpha = _at(schedule.betas_T, t_B, x_t), _at(schedule.alphas_T, t_B, x_t)
   mean = (x_t - beta / jnp.sqrt(_at(schedule.one_minus_alpha_bars_T, t_B, x_t)) * eps

@@ -188,7 +188,11 @@ def test_bad_arguments_raise():
            (lambda: cold.blur(x, jnp.ones(3, int)), r't of shape \(3,\)'),
            (lambda: cold.mask(x, 1, rank_HxW=rank[:3], num_steps=4), r'rank_HxW of shape \(3, 4\)'),
            (lambda: cold.mask(x, 1, rank_HxW=rank, num_steps=0), 'num_steps=0'),
-           (lambda: cold.naive_sample(None, None, x, 2.5), 'num_steps=2.5')]
+           (lambda: cold.naive_sample(None, None, x, 2.5), 'num_steps=2.5'),
+           # A negative or fractional step was cast to an integer and used.
+           (lambda: cold.blur(x, -1), r'Steps t=-1 must be integers of at least 0\.'),
+           (lambda: cold.mask(x, 0.5, rank_HxW=rank, num_steps=4),
+            r'Steps t=0.5 must be integers of at least 0\.')]
   for make, message in cases:
     with pytest.raises(ValueError, match=message):
       make()

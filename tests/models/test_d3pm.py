@@ -327,7 +327,25 @@ def test_bad_arguments_raise():
             r't of shape \(3,\)'),
            (lambda: d3pm.hybrid_loss(key(0), schedule, None, jnp.zeros((2,), int), -1.0),
             'hybrid_weight=-1.0'),
-           (lambda: d3pm.sample(key(0), schedule, None, (0, 3)), r'shape=\(0, 3\)')]
+           (lambda: d3pm.sample(key(0), schedule, None, (0, 3)), r'shape=\(0, 3\)'),
+           # Steps are 0 … T for q(x_t | x_0) and 1 … T for the posteriors: −1 read step T
+           # and T + 1 nothing at all, without a word.
+           (lambda: d3pm.q_probs(schedule, jnp.zeros((2,), int), -1),
+            rf'Steps t=-1 must be integers from 0 to {T}\.'),
+           (lambda: d3pm.q_probs(schedule, jnp.zeros((2,), int), T + 1),
+            rf'Steps t={T + 1} must be integers from 0 to {T}\.'),
+           (lambda: d3pm.q_posterior_logits(schedule, jnp.zeros((2,), int), jnp.zeros((2,), int),
+                                            0), rf'Steps t=0 must be integers from 1 to {T}\.'),
+           (lambda: d3pm.p_logits(schedule, jnp.zeros((2,), int), 1.5, jnp.zeros((2, K))),
+            rf'Steps t=1.5 must be integers from 1 to {T}\.')]
   for make, message in cases:
     with pytest.raises(ValueError, match=message):
       make()
+
+
+def test_a_traced_step_outside_zero_to_t_gives_nan():
+  schedule = d3pm.make_schedule('uniform', K, T)
+  probs = jax.jit(lambda t_B: d3pm.q_probs(schedule, jnp.zeros((3,), int), t_B))(
+      jnp.array([-1, 0, T + 1]))
+  assert np.all(np.isnan(probs[0])) and np.all(np.isnan(probs[2]))
+  np.testing.assert_array_equal(probs[1], np.eye(K)[0])  # q(x_0 | x_0) at t = 0

@@ -217,3 +217,22 @@ def test_bad_arguments_raise():
                          r'shape=\(0, 2\)')]:
     with pytest.raises(ValueError, match=message):
       call()
+
+
+@pytest.mark.parametrize('t', [0, 1001, 2.5, [1, 0]])
+def test_steps_outside_one_to_t_are_refused(t):
+  # Step 0 read step T's ᾱ (index −1) and 1001 was clamped to T, both without a word.
+  x0 = jnp.zeros((2, 2, 2))
+  for call in (lambda: ddpm.q_sample(SCHEDULE, x0, t, x0),
+               lambda: ddpm.posterior_mean_variance(SCHEDULE, x0, x0, t)):
+    with pytest.raises(ValueError, match=r'Steps t=.* must be integers from 1 to 1000\.'):
+      call()
+
+
+def test_a_traced_step_outside_one_to_t_gives_nan():
+  # Traced, a step cannot be checked before use: it reads NaN, not a neighbouring step's ᾱ.
+  x0 = jnp.ones((3, 2, 2))
+  x_t = jax.jit(lambda t_B: ddpm.q_sample(SCHEDULE, x0, t_B, x0))(jnp.array([0, 1, 1001]))
+  assert np.all(np.isnan(x_t[0])) and np.all(np.isnan(x_t[2]))
+  np.testing.assert_allclose(x_t[1], np.sqrt(ALPHA_BARS[0]) + np.sqrt(1 - ALPHA_BARS[0]),
+                             rtol=1e-6)

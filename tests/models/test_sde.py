@@ -334,3 +334,28 @@ def test_bad_arguments_raise():
       (lambda: sde_lib.dsm_loss(SDES['vp'], score, x, key, eps=1.5), 'eps=1.5')]:
     with pytest.raises(ValueError, match=message):
       call()
+
+
+@pytest.mark.parametrize('name', ['vp', 'subvp', 've'])
+def test_langevin_corrector_takes_the_documented_steps(name):
+  # Against Algorithms 4 and 5 written out in float64: ε = 2α(snr ‖z‖ / ‖s‖)² with the norms
+  # averaged over the batch, α = 1 − β(t) dt for VP and sub-VP and 1 for VE. The sampler
+  # tests run the corrector with the exact score, where any small step leaves the data's
+  # distribution as it is: dropping α or the factor 2 passed them.
+  sde, t, dt, snr = SDES[name], 0.5, 0.01, 0.16
+  x0 = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (4, 3)), np.float64)
+  score = lambda x: -0.7 * x + 0.1
+  key = jax.random.PRNGKey(1)
+  x, mean = sde_lib.langevin_corrector(sde, lambda x, t_B: score(x), jnp.asarray(x0, jnp.float32),
+                                       t, dt, key, snr, n_steps=2)
+  alpha = 1 - (0.1 + t * (20.0 - 0.1)) * dt if name != 've' else 1.0
+  ref = x0
+  for i in range(2):
+    z = np.asarray(jax.random.normal(jax.random.fold_in(key, i), ref.shape), np.float64)
+    s = score(ref)
+    norm = lambda v: np.mean(np.linalg.norm(v, axis=1))
+    eps = 2 * alpha * (snr * norm(z) / norm(s))**2
+    ref_mean = ref + eps * s
+    ref = ref_mean + np.sqrt(2 * eps) * z
+  np.testing.assert_allclose(mean, ref_mean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(x, ref, rtol=1e-5, atol=1e-6)
