@@ -74,6 +74,11 @@ class CNN1D(nn.Module):
                                momentum=0.9, epsilon=1e-5, dtype=self.dtype,
                                param_dtype=jnp.float32)(h_BxTxC)
       h_BxTxC = nn.relu(h_BxTxC)
+      if h_BxTxC.shape[1] == 0:  # mean pooling would return NaN, the others fail elsewhere
+        raise ValueError(f'CNN1D: an input of length {x_BxT.shape[1]} leaves no positions after '
+                         f'the convolutions (kernel_sizes={tuple(self.kernel_sizes)}, strides='
+                         f'{tuple(self.strides)}, padding={self.padding}); give longer inputs or '
+                         'smaller kernels or strides.')
     if self.pooling == 'flatten':
       z_BxD = h_BxTxC.reshape(h_BxTxC.shape[0], -1)
     elif self.pooling == 'mean':

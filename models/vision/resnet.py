@@ -104,7 +104,8 @@ class ResNet(nn.Module):
     small_input_stem: the 3×3/1 stem without max pool, for 32×32 images.
     shortcut: 'A' or 'B', for the shortcuts that change the shape.
     zero_init_residual: initialise the last BN scale γ of every block to 0, so
-      every block starts as the identity (Goyal et al. 2017).
+      every block starts as ReLU(shortcut(x)): the identity where the block keeps the
+      shape (Goyal et al. 2017).
     batch_norm_axis_name: mapped axis over which batch statistics are averaged
       (set by the train library under shard_map/pmap, `None` under jit).
     dtype: compute dtype (a dtype or its name); parameters and logits are float32.

@@ -118,3 +118,16 @@ def test_bad_options_are_one_sentence(options, fragment):
   with pytest.raises(ValueError, match=fragment) as info:
     CNN1D(**options)
   assert '\n' not in str(info.value)
+
+
+@pytest.mark.parametrize('pooling', ['flatten', 'mean', 'max'])
+def test_an_input_the_convolutions_shrink_to_nothing_is_refused(pooling):
+  # Mean pooling returned NaN logits and the other poolings failed with unrelated errors.
+  model = CNN1D(num_classes=3, channels=(4, 4), kernel_sizes=(3, 3), strides=(2, 2), padding=0,
+                pooling=pooling)
+  with pytest.raises(ValueError, match=r'CNN1D: an input of length 4 leaves no positions after '
+                                       r'the convolutions \(kernel_sizes=\(3, 3\), strides=\(2, 2\), '
+                                       r'padding=0\)') as info:
+    model.init(jax.random.PRNGKey(0), jnp.zeros((2, 4)))
+  assert '\n' not in str(info.value)
+  model.init(jax.random.PRNGKey(0), jnp.zeros((2, 7)))  # 7 → 3 → 1 position: accepted
