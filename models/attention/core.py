@@ -247,7 +247,12 @@ class MultiHeadAttention(nn.Module):
       if is_initialized:
         offset = index.value
     q_positions, k_positions = offset + jnp.arange(steps), offset + jnp.arange(steps)
-    if self.positions == 'rotary':
+    rotary = None
+    if self.positions == 'rotary' and self.attention == 'linear':
+      # Linear attention rotates its features in the numerator only (RoFormer, eq. 19):
+      # rotating q and k before its feature map would not keep scores relative.
+      rotary = (q_positions, k_positions, self.rotary_base)
+    elif self.positions == 'rotary':
       q_BxTxNxH = positions_lib.rotate(q_BxTxNxH, q_positions, self.rotary_base)
       k_BxSxNxH = positions_lib.rotate(k_BxSxNxH, k_positions, self.rotary_base)
     overflow = False
@@ -275,7 +280,8 @@ class MultiHeadAttention(nn.Module):
     # Over the cache, every cached kind is exact attention (one query against L keys).
     kind = 'exact' if decode else self.attention
     out_BxTxNxH = kinds.Attend(kind, self.attention_options, self.max_length, name='attend')(
-        q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask, bias=bias, causal=causal, train=train)
+        q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask, bias=bias, causal=causal, train=train,
+        rotary=rotary)
     out_BxTxNxH = jnp.where(overflow, jnp.nan, out_BxTxNxH).astype(out_BxTxNxH.dtype)
     out = HeadMerge(self.out_features or width, self.use_bias, self.dtype, name='out')(out_BxTxNxH)
     return nn.with_logical_constraint(out, ('batch', 'length', 'embed'))

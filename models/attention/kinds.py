@@ -12,8 +12,9 @@
 
 Each kind takes the same projected q, k, v [B, T, N, H] inside `MultiHeadAttention`, so a
 model changes kind by config alone. `check` rejects a combination that cannot work (an
-unknown kind or option, a causal Linformer, ALiBi's bias on a kind without one) with one
-sentence, before anything is compiled.
+unknown kind or option, a causal Linformer, ALiBi's bias on a kind without one, rotary
+positions on a kind that does not score by qᵀk) with one sentence, before anything is
+compiled.
 """
 
 import zlib
@@ -54,6 +55,11 @@ def options_of(kind: str, options=()) -> dict[str, Any]:
   return {**DEFAULTS[kind], **dict(options or ())}
 
 
+# Kinds whose scores cannot keep rotary positions' relative form: Linformer mixes the keys
+# over positions. (Linear attention rotates its features instead of q and k: `Attend`.)
+KEEP_NO_ROTARY_OFFSET = ('linformer',)
+
+
 def check(owner: str, kind: str, options=(), *, causal: bool = False,
           positions: str = 'none') -> None:
   """One sentence for a kind, options, causality or position scheme that cannot work."""
@@ -74,9 +80,16 @@ def check(owner: str, kind: str, options=(), *, causal: bool = False,
   if kind == 'linformer' and causal:
     raise ValueError(f'{owner} is causal and Linformer attention cannot be (each projected key '
                      f'mixes every position, future ones included); choose another attention.')
+  if positions == 'rotary' and kind in KEEP_NO_ROTARY_OFFSET:
+    # Each projected key Σ_j E_lj R_j k_j mixes positions, so its score with R_i q_i depends
+    # on i and every j, not on offsets alone.
+    raise ValueError(f"{owner} positions='rotary' makes scores depend on the offset between "
+                     f"positions only through the dot product qᵀk, which attention={kind!r} "
+                     "does not score by; use sinusoidal or learned positions with it.")
   if positions == 'alibi' and kind != 'exact':
+    other = ('sinusoidal or learned' if kind in KEEP_NO_ROTARY_OFFSET else 'rotary')
     raise ValueError(f"{owner} positions='alibi' adds a bias to the attention scores, which "
-                     f"only attention='exact' takes; use rotary positions with {kind!r}.")
+                     f"only attention='exact' takes; use {other} positions with {kind!r}.")
 
 
 def stream_names(kind: str) -> tuple[str, ...]:
@@ -108,8 +121,14 @@ class Attend(nn.Module):
 
   @nn.compact
   def __call__(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, mask=None, bias=None,
-               causal: bool = False, train: bool = False):
+               causal: bool = False, train: bool = False, rotary=None):
+    """`rotary` (query positions [T], key positions [S], base): rotary positions applied by
+    the kind itself, which only 'linear' does (`linear.linear_attention`); the other kinds
+    take q and k already rotated."""
     kind, options = self.kind, options_of(self.kind, self.options)
+    if rotary is not None and kind != 'linear':
+      raise ValueError(f'attention={kind!r} takes q and k already rotated, not rotary '
+                       'positions to apply.')
     if kind == 'exact':
       return core.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask, bias=bias,
                                         causal=causal)
@@ -123,7 +142,7 @@ class Attend(nn.Module):
                                            **options)
     if kind == 'linear':
       return linear_lib.linear_attention(*args, causal=causal, key_valid_BxS=key_valid_BxS,
-                                         **options)
+                                         rotary=rotary, **options)
     if kind == 'performer':
       if train:
         key = self.make_rng(RNG_STREAM)

@@ -13,6 +13,7 @@ from models import registry
 from models.attention import core
 from models.attention import kinds
 from models.attention import linear
+from models.attention import positions as positions_lib
 from models.attention import sparse
 from train import sampling
 from train.tasks import base
@@ -75,6 +76,29 @@ def test_each_kind_is_its_function_between_the_projections(kind, options, functi
   q, k, v = projections(params, x)
   want = merge(params, np.asarray(function(q, k, v, jnp.asarray(VALID_BxT))))
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('kind', ['linear', 'local', 'strided'])
+def test_rotary_positions_reach_each_kind_as_it_takes_them(kind):
+  # Linear attention rotates its own features, in the numerator only (RoFormer eq. 19); the
+  # other kinds take q and k rotated, as exact attention does.
+  options = (('block', 4),)
+  layer, params, x = layer_and_params(attention=kind, attention_options=options,
+                                      positions='rotary', rotary_base=100.0)
+  got = layer.apply({'params': params}, x, causal=True)
+  q, k, v = (jnp.asarray(a) for a in projections(params, x))
+  positions = jnp.arange(T)
+  if kind == 'linear':
+    out = linear.linear_attention(q, k, v, causal=True, block=4,
+                                  rotary=(positions, positions, 100.0))
+  else:
+    q, k = (positions_lib.rotate(a, positions, 100.0) for a in (q, k))
+    out = sparse.sparse_attention(q, k, v, pattern=kind, block=4, causal=True)
+  np.testing.assert_allclose(got, merge(params, np.asarray(out)), rtol=1e-4, atol=1e-5)
+  # Rotary positions reach a kind that takes q and k rotated only that way.
+  with pytest.raises(ValueError, match="attention='local' takes q and k already rotated"):
+    kinds.Attend('local', options).init(jax.random.PRNGKey(0), q, k, v, causal=True,
+                                        rotary=(positions, positions, 100.0))
 
 
 @pytest.mark.parametrize('kind, function, options', [
@@ -164,7 +188,20 @@ def test_models_without_a_cached_kind_generate_without_the_cache():
     (lambda: registry.build('gpt', vocab_size=5, attention='linformer'),
      'GPT is causal and Linformer attention cannot be'),
     (lambda: registry.build('gpt', vocab_size=5, attention='performer', positions='alibi'),
-     "GPT positions='alibi' adds a bias to the attention scores, which only attention='exact'"),
+     "GPT positions='alibi' adds a bias to the attention scores, which only attention='exact' "
+     "takes; use rotary positions with 'performer'."),
+    (lambda: registry.build('gpt', vocab_size=5, attention='linear', positions='alibi'),
+     "GPT positions='alibi' adds a bias to the attention scores, which only attention='exact' "
+     "takes; use rotary positions with 'linear'."),
+    # Linformer mixes the rotated keys over positions, so its scores depend on more than
+    # offsets: it was accepted.
+    (lambda: registry.build('bert', vocab_size=5, attention='linformer', positions='rotary'),
+     "BERT positions='rotary' makes scores depend on the offset between positions only through "
+     "the dot product qᵀk, which attention='linformer' does not score by; use sinusoidal or "
+     'learned positions with it.'),
+    (lambda: registry.build('vit', num_classes=3, attention='linformer', positions='alibi'),
+     "ViT positions='alibi' adds a bias to the attention scores, which only attention='exact' "
+     "takes; use sinusoidal or learned positions with 'linformer'."),
 ])
 def test_impossible_combinations_stop_with_one_sentence(build, message):
   with pytest.raises(ValueError, match=message.replace('(', r'\(').replace(')', r'\)')):

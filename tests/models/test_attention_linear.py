@@ -149,3 +149,66 @@ def test_bad_arguments_raise_before_compiling():
       linear.linear_attention(q, k, v, **kwargs)
   with pytest.raises(ValueError, match=r'Keys of shape \(1, 4, 2, 5\)'):
     linear.linear_attention_from_features(q, jnp.zeros((1, 4, 2, 5)), q)
+
+
+def rotate_numpy(x_BxTxNxH, positions_T, base=10_000.0):
+  """float64 rotary rotation written out: pair (x_2j, x_2j+1) at position p turned by p·θ_j,
+  θ_j = base^(−2j/H) (Su et al. 2021, eq. 34)."""
+  x = np.asarray(x_BxTxNxH, np.float64)
+  theta = base ** (-np.arange(0, x.shape[-1], 2) / x.shape[-1])
+  angle = np.asarray(positions_T, np.float64)[None, :, None, None] * theta
+  out = np.empty_like(x)
+  out[..., 0::2] = x[..., 0::2] * np.cos(angle) - x[..., 1::2] * np.sin(angle)
+  out[..., 1::2] = x[..., 0::2] * np.sin(angle) + x[..., 1::2] * np.cos(angle)
+  return out
+
+
+def rotary_quadratic_form(q, k, v, allowed, q_positions, k_positions, base):
+  """float64 RoFormer eq. 19: Σ_j (R_i φq_i·R_j φk_j) v_j / Σ_j φq_i·φk_j over allowed j."""
+  phi_q, phi_k = elu_plus_one(q), elu_plus_one(k)
+  shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+  allowed = np.broadcast_to(allowed, shape)
+  num_scores = np.einsum('btnm,bsnm->bnts', rotate_numpy(phi_q, q_positions, base),
+                         rotate_numpy(phi_k, k_positions, base)) * allowed
+  den = (np.einsum('btnm,bsnm->bnts', phi_q, phi_k) * allowed).sum(-1).transpose(0, 2, 1)
+  num = np.einsum('bnts,bsnh->btnh', num_scores, np.asarray(v, np.float64))
+  den = den[..., None]
+  return np.where(den > 0, num / np.where(den > 0, den, 1), 0)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_rotary_positions_rotate_the_numerators_features_as_roformer_eq_19(causal):
+  # Rotating q and k before φ = elu + 1 made the scores depend on the positions themselves,
+  # not on their offset alone; eq. 19 rotates φ(q) and φ(k) in the numerator only.
+  q, k, v = _qkv(12, 12, seed=5)
+  positions, base = np.arange(12) + 3, 100.0
+  valid_BxS = padding_allowed(LENGTHS, 12)[:, 0, 0]
+  allowed = padding_allowed(LENGTHS, 12) & (causal_allowed(12, 12)[None, None] if causal else True)
+  expected = rotary_quadratic_form(q, k, v, allowed, positions, positions, base)
+  for block in (4, 5):
+    out = jax.jit(lambda q, k, v, valid: linear.linear_attention(
+        q, k, v, causal=causal, key_valid_BxS=valid, block=block,
+        rotary=(positions, positions, base)))(q, k, v, valid_BxS)
+    # Measured: 3.1e-7 at most.
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=2e-6, err_msg=f'block={block}')
+    np.testing.assert_array_equal(out[2], 0.0)
+  # Without rotation the result is the plain quadratic form, so the rotation changed it.
+  assert np.abs(expected - quadratic_form(elu_plus_one(q), elu_plus_one(k), v, allowed)).max() > 0.05
+
+
+def test_rotary_scores_depend_on_the_offset_alone():
+  # The same query and key at every position: eq. 19's numerator scores are equal along each
+  # diagonal (one offset), and the layer's output does not depend on where the text starts.
+  q = np.broadcast_to(draw((1, 1, 1, H), 7), (1, 9, 1, H))
+  k = np.broadcast_to(draw((1, 1, 1, H), 8), (1, 9, 1, H))
+  phi_q, phi_k = elu_plus_one(q), elu_plus_one(k)
+  scores = np.einsum('btnm,bsnm->bts', rotate_numpy(phi_q, np.arange(9), 10.0),
+                     rotate_numpy(phi_k, np.arange(9), 10.0))[0]
+  for offset in (-2, 0, 3):
+    diagonal = np.diagonal(scores, offset)
+    np.testing.assert_allclose(diagonal, diagonal[0], rtol=1e-12)
+  v = draw((1, 9, 1, H), 9)
+  run = lambda start: linear.linear_attention(
+      jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), v, causal=True, block=4,
+      rotary=(np.arange(9) + start, np.arange(9) + start, 10.0))
+  np.testing.assert_allclose(run(0), run(5), rtol=1e-5, atol=1e-6)
