@@ -30,6 +30,17 @@ def test_epochs_are_permutations_and_seeded():
   assert _batches(other, 5) != batches[:5]
 
 
+def test_batches_that_span_two_epochs_keep_each_epoch_a_permutation():
+  # 37 records in batches of 8: most epochs begin inside a batch.
+  it = pipeline.train_iterator(_source(37), global_batch_size=8, seed=5, preprocess=_preprocess)
+  stream = sum(_batches(it, 37), [])  # eight epochs of 37
+  epochs = [stream[37 * e:37 * e + 37] for e in range(8)]
+  for epoch in epochs:
+    assert sorted(epoch) == list(range(37))
+  for previous, following in zip(epochs, epochs[1:]):
+    assert previous != following  # each epoch reshuffled
+
+
 @pytest.mark.parametrize('process_count', [2, 5])
 def test_processes_read_disjoint_parts_of_each_global_batch(process_count):
   single = _batches(pipeline.train_iterator(_source(), global_batch_size=10, seed=3,
