@@ -86,10 +86,12 @@ def load_or_train_tokenizer(path: str, kind: str, train_text: str, *, vocab_size
                             save: bool = True):
   """The tokenizer saved at `path`, or one trained on `train_text` (and saved there if `save`).
 
-  A saved tokenizer of another kind or size is refused and left as it is: it
-  belongs to an earlier run whose checkpoints depend on it. The new file is
-  written beside `path` and renamed into place, so a crash mid-write leaves no
-  file that a later run would load.
+  A saved tokenizer of another kind or size, or one whose file records (as
+  "train_sha256") that it was learnt on a text other than `train_text`, is
+  refused and left as it is: it belongs to an earlier run whose checkpoints
+  depend on it. A file without that record loads whatever `train_text` is.
+  The new file is written beside `path` and renamed into place, so a crash
+  mid-write leaves no file that a later run would load.
   """
   _check_tokenizer_options(kind, vocab_size)
   if os.path.exists(path):
@@ -100,6 +102,10 @@ def load_or_train_tokenizer(path: str, kind: str, train_text: str, *, vocab_size
       asked = kind if vocab_size is None else f'{kind} with vocab_size={vocab_size}'
       raise ValueError(f'Tokenizer file {path!r} holds {_describe(tokenizer)} but the config asks '
                        f'for {asked}; use another workdir or delete the file to retrain.')
+    if (tokenizer.train_sha256 is not None and
+        tokenizer.train_sha256 != tokenizers.text_sha256(train_text)):
+      raise ValueError(f'Tokenizer file {path!r} was trained on other text than the configured '
+                       'train split; use another workdir or delete the file to retrain.')
     return tokenizer
   tokenizer = make_tokenizer(kind, train_text, vocab_size=vocab_size)
   if not save:

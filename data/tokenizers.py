@@ -24,6 +24,11 @@ File format (`save`/`load`): one UTF-8 JSON object,
      "vocab": ["Ā", "ā", ..., "!", "\\"", ..., "ÿ", "Ġt", "he", ...],
      "merges": [["Ġ", "t"], ["h", "e"], ...]}
 
+A tokenizer learnt by `CharTokenizer.from_corpus` or `ByteBPETokenizer.train`
+also writes "train_sha256": the hex SHA-256 of the UTF-8 text it learnt from
+(`text_sha256`), so a caller can tell whether a saved tokenizer was learnt on
+a given text. Files without it load with `train_sha256` None.
+
 A token's id is its index in "vocab". Byte-level tokens are written in GPT-2's
 byte-to-unicode alphabet (`byte_to_unicode`), where each byte is one printable
 character: the first 256 vocab entries are the bytes 0..255 in order, and each
@@ -34,6 +39,7 @@ to right, which reproduces the segmentation training ended with.
 """
 
 import collections
+import hashlib
 import heapq
 import json
 import os
@@ -48,6 +54,11 @@ VERSION = 1
 # runs of other symbols (each with at most one leading space), then whitespace.
 # Every character falls in some alternative, so the pieces join back to the text.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def text_sha256(text: str) -> str:
+  """The hex SHA-256 of `text` encoded as UTF-8 (a lone surrogate as its three bytes)."""
+  return hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()
 
 
 def byte_to_unicode() -> list[str]:
@@ -194,7 +205,9 @@ def _invalid(path, reason: str) -> ValueError:
   return ValueError(f'Tokenizer file {os.fspath(path)!r} is invalid: {reason}.')
 
 
-def _write(path, payload: dict) -> None:
+def _write(path, payload: dict, train_sha256: str | None) -> None:
+  if train_sha256 is not None:
+    payload = {**payload, 'train_sha256': train_sha256}
   with open(path, 'w', encoding='utf-8') as f:
     json.dump({'format': FORMAT, 'version': VERSION, **payload}, f, ensure_ascii=False, indent=1)
     f.write('\n')
@@ -221,6 +234,10 @@ def _read(path, expected_type: str | None = None) -> dict:
   if (not isinstance(vocab, list) or not all(isinstance(t, str) and t for t in vocab)
       or len(set(vocab)) != len(vocab)):
     raise _invalid(path, '"vocab" must be a list of distinct non-empty strings')
+  digest = payload.get('train_sha256')
+  if digest is not None and not (isinstance(digest, str) and len(digest) == 64 and
+                                 all(c in '0123456789abcdef' for c in digest)):
+    raise _invalid(path, '"train_sha256" must be 64 lowercase hex digits')
   return payload
 
 
@@ -242,17 +259,21 @@ def _check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
 
 
 class CharTokenizer:
-  """One id per character, ids in code-point order of the corpus's characters."""
+  """One id per character, ids in code-point order of the corpus's characters.
 
-  def __init__(self, vocab: Sequence[str]):
+  `train_sha256` is the `text_sha256` of the corpus it was made from, or None.
+  """
+
+  def __init__(self, vocab: Sequence[str], train_sha256: str | None = None):
     if not all(isinstance(c, str) and len(c) == 1 for c in vocab) or len(set(vocab)) != len(vocab):
       raise ValueError('A character vocabulary must be distinct single characters.')
     self.vocab = list(vocab)
+    self.train_sha256 = train_sha256
     self._ids = {character: index for index, character in enumerate(self.vocab)}
 
   @classmethod
   def from_corpus(cls, text: str) -> 'CharTokenizer':
-    return cls(sorted(set(text)))
+    return cls(sorted(set(text)), text_sha256(text))
 
   @property
   def vocab_size(self) -> int:
@@ -270,14 +291,15 @@ class CharTokenizer:
     return ''.join(self.vocab[i] for i in _check_ids(ids, self.vocab_size))
 
   def save(self, path) -> None:
-    _write(path, {'type': 'char', 'vocab': self.vocab})
+    _write(path, {'type': 'char', 'vocab': self.vocab}, self.train_sha256)
 
   @classmethod
   def load(cls, path) -> 'CharTokenizer':
-    vocab = _read(path, 'char')['vocab']
+    payload = _read(path, 'char')
+    vocab = payload['vocab']
     if not all(len(c) == 1 for c in vocab):
       raise _invalid(path, 'a character vocabulary holds single characters')
-    return cls(vocab)
+    return cls(vocab, payload.get('train_sha256'))
 
 
 class ByteBPETokenizer:
@@ -285,9 +307,14 @@ class ByteBPETokenizer:
 
   _CACHE_LIMIT = 1 << 17
 
-  def __init__(self, merges: Sequence[tuple[str, str]], pattern: str = GPT2_PATTERN):
-    """Builds the tokenizer from merges written in the `byte_to_unicode` alphabet."""
+  def __init__(self, merges: Sequence[tuple[str, str]], pattern: str = GPT2_PATTERN,
+               train_sha256: str | None = None):
+    """Builds the tokenizer from merges written in the `byte_to_unicode` alphabet.
+
+    `train_sha256` is the `text_sha256` of the text the merges were learnt on, or None.
+    """
     alphabet = byte_to_unicode()
+    self.train_sha256 = train_sha256
     self.vocab = list(alphabet)
     self.merges = [tuple(m) for m in merges]
     self.pattern = pattern
@@ -317,7 +344,8 @@ class ByteBPETokenizer:
     symbol_counts = collections.Counter()
     for word, count in word_counts.items():
       symbol_counts[tuple(alphabet[b] for b in word.encode('utf-8'))] += count
-    return cls(learn_bpe(symbol_counts, alphabet, vocab_size=vocab_size).merges, pattern)
+    return cls(learn_bpe(symbol_counts, alphabet, vocab_size=vocab_size).merges, pattern,
+               text_sha256(text))
 
   @property
   def vocab_size(self) -> int:
@@ -362,7 +390,7 @@ class ByteBPETokenizer:
 
   def save(self, path) -> None:
     _write(path, {'type': 'byte_bpe', 'pattern': self.pattern, 'vocab': self.vocab,
-                  'merges': [list(m) for m in self.merges]})
+                  'merges': [list(m) for m in self.merges]}, self.train_sha256)
 
   @classmethod
   def load(cls, path) -> 'ByteBPETokenizer':
@@ -375,7 +403,7 @@ class ByteBPETokenizer:
     if not isinstance(pattern, str):
       raise _invalid(path, '"pattern" must be a regular expression string')
     try:
-      tokenizer = cls([tuple(m) for m in merges], pattern)
+      tokenizer = cls([tuple(m) for m in merges], pattern, payload.get('train_sha256'))
     except (ValueError, regex.error) as error:
       raise _invalid(path, str(error).rstrip('.')) from None
     if tokenizer.vocab != payload['vocab']:

@@ -113,14 +113,43 @@ def test_train_iterator_visits_every_offset_per_epoch_and_resumes_exactly():
 
 
 @pytest.mark.parametrize('kind, vocab_size', [('char', None), ('byte_bpe', 280)])
-def test_saved_tokenizer_reloads_with_identical_encodings(tmp_path, kind, vocab_size):
+def test_saved_tokenizer_reloads_with_identical_encodings(tmp_path, monkeypatch, kind,
+                                                          vocab_size):
   path = str(tmp_path / 'tokenizer.json')
   trained = text.load_or_train_tokenizer(path, kind, NON_ASCII, vocab_size=vocab_size)
   assert os.listdir(tmp_path) == ['tokenizer.json']
-  # A different train text shows the second call reads the file instead of training.
-  reloaded = text.load_or_train_tokenizer(path, kind, 'abc', vocab_size=vocab_size)
+  with open(path, 'rb') as f:
+    before = f.read()
+
+  def no_training(*args, **kwargs):
+    raise AssertionError('the saved tokenizer was retrained')
+
+  monkeypatch.setattr(text, 'make_tokenizer', no_training)
+  reloaded = text.load_or_train_tokenizer(path, kind, NON_ASCII, vocab_size=vocab_size)
   assert reloaded.vocab == trained.vocab
   assert reloaded.encode(NON_ASCII) == trained.encode(NON_ASCII)
+  with open(path, 'rb') as f:
+    assert f.read() == before
+
+
+@pytest.mark.parametrize('kind, vocab_size', [('char', None), ('byte_bpe', 280)])
+def test_tokenizer_trained_on_other_text_is_refused_and_kept(tmp_path, kind, vocab_size):
+  path = str(tmp_path / 'tokenizer.json')
+  text.load_or_train_tokenizer(path, kind, NON_ASCII, vocab_size=vocab_size)
+  with open(path, 'rb') as f:
+    before = f.read()
+  with pytest.raises(ValueError) as error:
+    text.load_or_train_tokenizer(path, kind, NON_ASCII + 'x', vocab_size=vocab_size)
+  assert_one_sentence(str(error.value), path, 'trained on other text', 'delete the file')
+  with open(path, 'rb') as f:
+    assert f.read() == before
+
+
+def test_tokenizer_file_without_train_text_record_loads_for_any_text(tmp_path):
+  path = str(tmp_path / 'tokenizer.json')
+  tokenizers.CharTokenizer(sorted(set(NON_ASCII))).save(path)  # as older versions wrote it
+  loaded = text.load_or_train_tokenizer(path, 'char', 'abc')
+  assert loaded.vocab == sorted(set(NON_ASCII)) and loaded.train_sha256 is None
 
 
 @pytest.mark.parametrize('saved, asked, parts', [
@@ -230,6 +259,26 @@ def test_make_sources_byte_bpe_end_to_end(tmp_path):
   assert len(train) == len(train.tokens) - 8
   scored = sum(evaluation[i]['weights'].sum() for i in range(len(evaluation)))
   assert scored == len(evaluation.tokens) - 1
+
+
+def test_workdir_tokenizer_of_another_source_is_refused_and_the_same_source_reloads_it(
+    tmp_path, monkeypatch):
+  workdir = tmp_path / 'work'
+  workdir.mkdir()
+  config = _config(tmp_path, _write_source(tmp_path, SYNTHETIC))
+  _, _, meta = text.make_sources(config, str(workdir))
+  path = str(workdir / 'tokenizer.json')
+  meta['workdir_files']['tokenizer.json'](path)  # the run stopped before its first checkpoint
+  other = tmp_path / 'other'
+  other.mkdir()
+  (other / 'input.txt').write_bytes(SYNTHETIC.upper().encode('utf-8'))
+  other_config = _config(tmp_path, other, data_dir=str(tmp_path / 'tfds_other'))
+  with pytest.raises(ValueError) as error:
+    text.make_sources(other_config, str(workdir))
+  assert_one_sentence(str(error.value), path, 'trained on other text')
+  monkeypatch.setattr(text, 'make_tokenizer', lambda *args, **kwargs: pytest.fail('retrained'))
+  _, _, again = text.make_sources(config, str(workdir))
+  assert again['tokenizer'].vocab == meta['tokenizer'].vocab
 
 
 def test_unknown_eval_character_is_refused(tmp_path):

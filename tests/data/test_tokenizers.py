@@ -1,6 +1,7 @@
 """Tokenizers against a BPE example worked by hand and brute-force references."""
 
 import collections
+import hashlib
 import json
 import random
 
@@ -253,6 +254,7 @@ def test_save_load_round_trip_gives_identical_encodings(bpe, tmp_path):
   _CHAR.save(tmp_path / 'char.json')
   loaded_char = tokenizers.CharTokenizer.load(tmp_path / 'char.json')
   assert loaded_char.encode(CORPUS) == _CHAR.encode(CORPUS)
+  assert loaded.train_sha256 == loaded_char.train_sha256 == tokenizers.text_sha256(CORPUS)
 
 
 def test_saved_file_has_the_documented_fields(bpe, tmp_path):
@@ -261,6 +263,14 @@ def test_saved_file_has_the_documented_fields(bpe, tmp_path):
   assert payload['format'] == 'jaxlab-tokenizer' and payload['version'] == 1
   assert payload['type'] == 'byte_bpe' and payload['pattern'] == tokenizers.GPT2_PATTERN
   assert payload['vocab'] == bpe.vocab and payload['merges'] == [list(m) for m in bpe.merges]
+  assert payload['train_sha256'] == hashlib.sha256(CORPUS.encode('utf-8')).hexdigest()
+
+
+def test_tokenizers_built_from_merges_or_vocab_record_no_train_text(tmp_path):
+  path = tmp_path / 'char.json'
+  tokenizers.CharTokenizer(list('abc')).save(path)
+  assert 'train_sha256' not in json.loads(path.read_text(encoding='utf-8'))
+  assert tokenizers.load(path).train_sha256 is None
 
 
 def _corrupt(payload, **changes):
@@ -279,6 +289,7 @@ def _corrupt(payload, **changes):
     (lambda text, payload: _corrupt(payload, merges=[['zz', 'q']]), 'uses a token not made'),
     (lambda text, payload: _corrupt(payload, merges=[['a']]), 'string pairs'),
     (lambda text, payload: _corrupt(payload, pattern='(unclosed'), 'invalid'),
+    (lambda text, payload: _corrupt(payload, train_sha256='abc'), '"train_sha256" must be 64'),
 ])
 def test_bad_files_raise_value_errors_naming_the_file(bpe, tmp_path, make_text, message):
   good = tmp_path / 'good.json'
