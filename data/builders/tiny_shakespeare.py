@@ -36,9 +36,16 @@ class TinyShakespeare(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager):
     path = os.path.join(dl_manager.manual_dir, 'input.txt')
-    # newline='' keeps every character as written, so the counts are the file's.
-    with open(path, encoding='utf-8', newline='') as f:
-      pieces = split_text(f.read())
+    # Decoding the bytes keeps every character as written (no newline
+    # translation), so the counts are the file's.
+    with open(path, 'rb') as f:
+      data = f.read()
+    try:
+      text = data.decode('utf-8')
+    except UnicodeDecodeError as e:
+      raise ValueError(f"Data set 'tiny_shakespeare' reads UTF-8 text, but {path} has an invalid "
+                       f'byte at offset {e.start}.') from None
+    pieces = split_text(text)
     return {name: self._generate_examples(name, text) for name, text in pieces.items()}
 
   def _generate_examples(self, name, text):

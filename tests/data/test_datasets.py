@@ -147,6 +147,16 @@ def test_tiny_shakespeare_synthetic_file_is_cut_by_characters(tmp_path):
     assert data[0]['text'].decode('utf-8') == SYNTHETIC_TEXT[start:stop]
 
 
+def test_tiny_shakespeare_refuses_a_file_that_is_not_utf8_naming_it(tmp_path):
+  source = tmp_path / 'src'
+  source.mkdir()
+  (source / 'input.txt').write_bytes(b'First Citizen:\nBefore \xff we proceed.\n')
+  with pytest.raises(ValueError) as error:
+    datasets.load('tiny_shakespeare', 'train', data_dir=tmp_path / 'tfds', source_dir=source)
+  assert str(error.value) == (f"Data set 'tiny_shakespeare' reads UTF-8 text, but "
+                              f"{source / 'input.txt'} has an invalid byte at offset 22.")
+
+
 def test_tiny_shakespeare_real_file(tmp_path, monkeypatch):
   folder = shared_folder('tinyshakespeare')
   monkeypatch.setenv('TINY_SHAKESPEARE_DIR', folder)

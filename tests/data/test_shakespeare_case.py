@@ -118,6 +118,14 @@ def test_non_ascii_text_is_refused(tmp_path):
     datasets.load('shakespeare_case', 'train', data_dir=tmp_path / 'tfds', source_dir=tmp_path)
 
 
+def test_text_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
+  (tmp_path / 'input.txt').write_bytes(b'First Citizen:\nBefore \xff we proceed.\n')
+  with pytest.raises(ValueError) as error:
+    datasets.load('shakespeare_case', 'train', data_dir=tmp_path / 'tfds', source_dir=tmp_path)
+  assert str(error.value) == (f"Data set 'shakespeare_case' reads UTF-8 text, but "
+                              f"{tmp_path / 'input.txt'} has an invalid byte at offset 22.")
+
+
 def test_missing_tiny_shakespeare_folder_fails_fast_naming_what_to_set(tmp_path):
   start = time.monotonic()
   with pytest.raises(FileNotFoundError) as error:
