@@ -267,3 +267,20 @@ def test_the_task_needs_text_data_and_its_token_counts():
                                               {'tokenizer': tokenizer,
                                                'token_counts': np.ones(4)}))
   assert 'token_counts' in message and '(4,)' in message and '5 token ids' in message
+
+
+def test_token_records_and_windows_whose_text_is_not_a_prefix_are_refused():
+  # A data set's token records (associative_recall weights only its answers) were turned into
+  # [PAD]s with [SEP] in the middle of the text, without a word.
+  tokenizer = tokenizers.CharTokenizer(list('abcde'))
+  message = one_sentence(lambda: tasks.build(
+      'masked_language_model', {'tokenizer': tokenizer, 'token_counts': np.ones(5),
+                                'unit': 'token'}))
+  assert message == ("The masked_language_model task needs windows of text (config.data."
+                     "tokenizer 'char' or 'byte_bpe'), not a data set's token records "
+                     "(tokenizer='dataset').")
+  records = {'tokens': np.array([[A, B, C, D, E]], np.int32),
+             'weights': np.array([[0, 1, 0, 1]], np.float32)}
+  message = one_sentence(lambda: _task().preprocess(records))
+  assert message.startswith('The masked_language_model task needs windows whose weighted '
+                            'positions are a prefix of the window')

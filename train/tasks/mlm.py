@@ -61,6 +61,12 @@ class MaskedLanguageModel(base.Task):
     if 'tokenizer' not in self.meta:
       raise ValueError('The masked_language_model task needs text data: set '
                        "config.data.tokenizer ('char' or 'byte_bpe') and config.data.window.")
+    if self.meta.get('unit') == 'token':
+      # Such records weight only the positions they score (e.g. associative_recall's answers),
+      # so their text is not a prefix of each window, which `preprocess` needs.
+      raise ValueError("The masked_language_model task needs windows of text (config.data."
+                       "tokenizer 'char' or 'byte_bpe'), not a data set's token records "
+                       "(tokenizer='dataset').")
     vocab_size = self.vocab_size
     counts = np.asarray(self.meta.get('token_counts', ()))
     if counts.shape != (vocab_size,):
@@ -106,6 +112,11 @@ class MaskedLanguageModel(base.Task):
     tokens_BxT = np.asarray(records['tokens'], np.int32)[:, :-1]
     weights_BxT = np.asarray(records['weights'], np.float32)
     valid_BxT = np.concatenate([np.ones_like(weights_BxT[:, :1]), weights_BxT[:, :-1]], 1) > 0
+    # The real tokens are a prefix of each window (only the split's end is padded).
+    if np.any(valid_BxT != (np.arange(valid_BxT.shape[1]) < valid_BxT.sum(1, keepdims=True))):
+      raise ValueError('The masked_language_model task needs windows whose weighted positions '
+                       'are a prefix of the window, as text windows are; these records weight '
+                       'others.')
     text_BxT = np.where(valid_BxT, tokens_BxT, self.special_id('[PAD]')).astype(np.int32)
     if not self.use_cls_sep:
       return {'tokens': text_BxT}
@@ -113,7 +124,6 @@ class MaskedLanguageModel(base.Task):
     out_BxS = np.full((batch, steps + 2), self.special_id('[PAD]'), np.int32)
     out_BxS[:, 0] = self.special_id('[CLS]')
     out_BxS[:, 1:-1] = text_BxT
-    # The real tokens are a prefix of each window (only the split's end is padded).
     out_BxS[np.arange(batch), 1 + valid_BxT.sum(1)] = self.special_id('[SEP]')
     return {'tokens': out_BxS}
 
