@@ -26,8 +26,10 @@ v_j = x_{w+j} (j = 0 … T+H−1) and one weight per *target* v_{j+1}
               the splits before (the past, known at forecasting time). Only
               the targets after the origin that lie in the split are weighted
               (context positions and values past the split's end get 0; the
-              latter are padded with 0), so at every horizon h each value of
-              the split is scored once.
+              latter are padded with 0), so at horizon h the values
+              x_{o_1+h} … x_{stop−1} are each scored once, o_1 = max(start − 1,
+              T − 1) being the first origin: the split's first h − 1 values
+              (more if start < T) are not scored at horizon h.
 """
 
 import numpy as np
