@@ -19,8 +19,9 @@ import numpy as np
 
 def check_options(temperature, top_k, top_p):
   if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
-      or not temperature >= 0):
-    raise ValueError(f'temperature must be a Python number >= 0 (0 is greedy), got {temperature!r}.')
+      or not 0 <= temperature < float('inf')):
+    raise ValueError(f'temperature must be a finite Python number >= 0 (0 is greedy), got '
+                     f'{temperature!r}.')
   if top_k is not None and (not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool)
                             or top_k < 0):
     raise ValueError(f'top_k must be None or an integer >= 0 (0 keeps every token), got {top_k!r}.')
@@ -32,7 +33,9 @@ def check_options(temperature, top_k, top_p):
 def filter_logits(logits_BxV, *, temperature=1.0, top_k=None, top_p=None):
   """Tempered logits with the tokens outside the top-k and the nucleus set to -inf.
 
-  Temperature: z / T, so softmax(z / T) sharpens as T → 0; T = 0 keeps the argmax only.
+  Temperature: (z − max z) / T, so softmax(z / T) sharpens as T → 0; T = 0 (or below
+  float32's smallest normal number) keeps the argmax only. Shifted by each row's largest logit first, a tiny T cannot overflow z / T to +inf
+  (which would tie every large logit at +inf and lose the argmax).
   Top-k: the k largest logits. Nucleus (Holtzman et al. 2020, "The Curious Case of
   Neural Text Degeneration"): with the survivors sorted so that p_(1) ≥ p_(2) ≥ …
   (renormalised over the top-k), keep the smallest prefix whose mass Σ_{j≤i} p_(j) ≥ p,
@@ -46,11 +49,14 @@ def filter_logits(logits_BxV, *, temperature=1.0, top_k=None, top_p=None):
   check_options(temperature, top_k, top_p)
   logits_BxV = jnp.asarray(logits_BxV, jnp.float32)
   vocab_size = logits_BxV.shape[-1]
-  if temperature == 0:
-    # The T → 0 limit of softmax(z / T) is a point mass on the argmax; dividing would give inf/nan.
+  if temperature < np.finfo(np.float32).tiny:
+    # The T → 0 limit of softmax(z / T) is a point mass on the argmax; dividing by 0 (or by a
+    # T that float32 flushes to 0) would give nan.
     top_k, top_p = 1, None
   else:
-    logits_BxV = logits_BxV / temperature
+    row_max_Bx1 = jnp.max(logits_BxV, axis=-1, keepdims=True)
+    row_max_Bx1 = jnp.where(jnp.isfinite(row_max_Bx1), row_max_Bx1, 0)  # a row of only -inf
+    logits_BxV = (logits_BxV - row_max_Bx1) / temperature
   k = min(top_k or vocab_size, vocab_size)
   p = 1.0 if top_p is None else float(top_p)
   if k == vocab_size and p == 1.0:

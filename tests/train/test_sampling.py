@@ -69,11 +69,34 @@ def test_temperature_zero_keeps_only_the_first_argmax_without_nan():
         sampling.sample_token(jax.random.PRNGKey(0), logits_BxV, **args), [1, 3])
 
 
+def tempered(logits_BxV, temperature=1.0):
+  """(z − max z) / T per row, in float64."""
+  logits_BxV = np.asarray(logits_BxV, np.float64)
+  return (logits_BxV - logits_BxV.max(-1, keepdims=True)) / temperature
+
+
 def test_disabled_filters_only_divide_by_temperature():
   logits_BxV = _random_logits(np.random.default_rng(1), 8, 10)
   for args in ({}, {'top_k': 0}, {'top_k': 10}, {'top_k': 99}, {'top_p': 1.0}):
     np.testing.assert_allclose(sampling.filter_logits(logits_BxV, temperature=0.7, **args),
-                               logits_BxV / 0.7, rtol=1e-6, err_msg=str(args))
+                               tempered(logits_BxV, 0.7), rtol=1e-5, atol=1e-5,
+                               err_msg=str(args))
+
+
+def test_a_tiny_temperature_keeps_the_argmax_and_an_infinite_one_is_refused():
+  # z / T overflowed to +inf for both large logits at T = 1e-37, so the lower index won, not
+  # the larger logit; a T that float32 flushes to 0 gave 0 / 0 = NaN; T = inf turned a masked
+  # logit into −inf / inf = NaN.
+  logits_BxV = np.array([[50.0, 60.0, -1.0], [40.0, -np.inf, 45.0]], np.float32)
+  for temperature in (1e-37, 1e-40):
+    filtered = np.asarray(sampling.filter_logits(logits_BxV, temperature=temperature))
+    assert not np.isnan(filtered).any()
+    np.testing.assert_array_equal(filtered.argmax(-1), [1, 2])
+    for seed in range(5):
+      np.testing.assert_array_equal(sampling.sample_token(
+          jax.random.PRNGKey(seed), logits_BxV, temperature=temperature), [1, 2])
+  with pytest.raises(ValueError, match='temperature must be a finite Python number >= 0'):
+    sampling.filter_logits(logits_BxV, temperature=float('inf'))
 
 
 # ---- top-k and top-p against brute force ---------------------------------------------------
@@ -85,7 +108,8 @@ def test_top_k_keeps_exactly_k_largest_with_unchanged_values(top_k):
   expected = np.stack([_kept_reference(row, top_k=top_k) for row in logits_BxV])
   np.testing.assert_array_equal(np.isfinite(filtered), expected)
   assert (expected.sum(-1) == top_k).all()
-  np.testing.assert_allclose(filtered[expected], logits_BxV[expected] / 0.5, rtol=1e-6)
+  np.testing.assert_allclose(filtered[expected], tempered(logits_BxV, 0.5)[expected], rtol=1e-5,
+                             atol=1e-5)
 
 
 @pytest.mark.parametrize('top_p', [0.05, 0.3, 0.5, 0.9, 0.99, 1.0])
@@ -96,7 +120,8 @@ def test_top_p_keeps_smallest_set_with_mass_at_least_p(top_p, top_k):
   filtered = np.asarray(sampling.filter_logits(logits_BxV, top_k=top_k, top_p=top_p))
   expected = np.stack([_kept_reference(row, top_k=top_k, top_p=top_p) for row in logits_BxV])
   np.testing.assert_array_equal(np.isfinite(filtered), expected)
-  np.testing.assert_array_equal(filtered[expected], logits_BxV[expected])
+  np.testing.assert_allclose(filtered[expected], tempered(logits_BxV)[expected], rtol=1e-5,
+                             atol=1e-5)
 
 
 @pytest.mark.parametrize('top_p, kept', [(0.25, [0]), (0.5, [0, 2]), (0.5001, [0, 2, 3]),
