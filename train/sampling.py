@@ -145,8 +145,10 @@ def _generate(model, variables, prompt_BxP, key, *, num_new_tokens, sampling, us
     return sample_token(jax.random.fold_in(key, t), logits_BxV, temperature=temperature,
                         top_k=top_k, top_p=top_p)
 
-  window = min(model_context(model) or total_length, total_length)
-  if not use_cache or window < total_length:
+  # Positions 0 … L − 2 are read (each predicts the next); the last is only written.
+  read_length = total_length - 1
+  window = min(model_context(model) or read_length, read_length)
+  if not use_cache or window < read_length:
     def step(tokens_BxL, t):  # t: position written at this step
       # The W tokens up to t − 1 (all of them while t ≤ W; causality makes the rest irrelevant).
       start = jnp.maximum(t - window, 0)
@@ -161,7 +163,7 @@ def _generate(model, variables, prompt_BxP, key, *, num_new_tokens, sampling, us
                                             jnp.arange(prompt_length, total_length))
   else:
     # Only the cache's initial values are used; XLA drops the parameter initialisation.
-    cache = model.init(jax.random.PRNGKey(0), tokens_BxL, *inputs, train=False,
+    cache = model.init(jax.random.PRNGKey(0), tokens_BxL[:, :read_length], *inputs, train=False,
                        decode=True)['cache']
 
     def step(carry, t):  # t: position read at this step; it predicts t + 1

@@ -136,6 +136,26 @@ def test_cached_greedy_decoding_equals_decoding_without_the_cache_and_the_whole_
   assert len(np.unique(tokens[:, 1:])) > 3  # not a degenerate constant decoding
 
 
+@pytest.mark.parametrize('use_cache', [True, False])
+def test_decoding_reads_no_more_positions_than_it_predicts_from(use_cache):
+  # L = 1 + 7 tokens are decoded from positions 0 … 6 only; the cache was sized, and the
+  # window without it read, for all 8, so a learned table of exactly 7 positions (enough to
+  # train on these targets) raised at the first evaluation.
+  model = _model(tie_embeddings=False, pre_norm=True, positions='learned', max_length=9)
+  variables = {'params': _random_params(model)}
+  tight = _model(tie_embeddings=False, pre_norm=True, positions='learned', max_length=7)
+  params = flax.traverse_util.flatten_dict(variables['params'])
+  params = flax.traverse_util.unflatten_dict(
+      {k: v[:7] if 'position_embed' in k else v for k, v in params.items()})
+  source, lengths = SOURCE[:, :7], np.minimum(LENGTHS, 7)
+  prompt = np.full((3, 1), BOS_ID, np.int32)
+  decode = lambda m, v: sampling.generate(m, v, prompt, jax.random.PRNGKey(0), num_new_tokens=7,
+                                          temperature=0.0, use_cache=use_cache,
+                                          inputs=(source, lengths))
+  # The first 7 rows of the larger table are the smaller one's, so both decode alike.
+  np.testing.assert_array_equal(decode(tight, {'params': params}), decode(model, variables))
+
+
 # Variants of (TARGETS, SOURCE) stacked on the batch axis, so one compiled call serves them all;
 # 125 is a token neither holds.
 _PAST_BxS = np.arange(SOURCE.shape[1])[None] >= LENGTHS[:, None]
