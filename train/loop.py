@@ -52,8 +52,10 @@ def check_workdir(workdir: str) -> str:
   return workdir
 
 
-# Config keys a resumed run may change: how long it runs, how often it reports and
-# saves, and where and how it runs (a checkpoint restores on any device count).
+# Config keys a resumed run may change: how long it runs (a schedule other than 'constant'
+# is then laid out over the new length, which the run says: `note_schedule_change`), how
+# often it reports and saves, and where and how it runs (a checkpoint restores on any
+# device count).
 RESUMABLE_CHANGES = ('num_train_steps', 'log_every_steps', 'eval_every_steps',
                      'checkpoint_every_steps', 'checkpoints_to_keep', 'max_bad_steps',
                      'profile_steps', 'parallel.', 'data.data_dir', 'data.num_threads',
@@ -90,6 +92,29 @@ def check_record(config, workdir: str, allow_config_change: bool = False) -> Non
     raise ValueError(f'The checkpoints in {workdir!r} were written with another config: '
                      f'{shown}{more} differ; use a new --workdir, the config that wrote them, or '
                      '--allow_config_change to resume under the new one on purpose.')
+
+
+def note_schedule_change(config, workdir: str) -> str | None:
+  """The line said when a resumed run changes num_train_steps under a schedule laid out over
+  it (every one but 'constant'), with the learning rate at the resumed step before and after;
+  None otherwise."""
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  steps = [int(n) for n in os.listdir(checkpoints) if n.isdigit()] if os.path.isdir(checkpoints) else []
+  if not steps or not os.path.exists(os.path.join(workdir, CONFIG_FILE)):
+    return None
+  saved = read_config(workdir)
+  before, after = saved.num_train_steps, config.num_train_steps
+  schedule = config.optimizer.get('schedule', 'constant')
+  if before == after or schedule == 'constant':
+    return None
+  try:
+    rates = [float(optim.make_schedule(c.optimizer, n)(max(steps)))
+             for c, n in ((saved, before), (config, after))]
+  except Exception:  # pylint: disable=broad-except
+    return None  # a config the optimizer's own checks will refuse
+  return (f'Resuming at step {max(steps)} with num_train_steps {before} -> {after}: the '
+          f'{schedule!r} learning-rate schedule is laid out over the new length, so the rate '
+          f'there goes from {rates[0]:.4g} to {rates[1]:.4g}.')
 
 
 def _check_positive(config, *names):
@@ -430,6 +455,9 @@ def build_parts(config, workdir: str, axis_name: str | None = None) -> tuple:
 def _build(config, workdir: str, allow_config_change: bool) -> tuple[Run, dict]:
   """Checks everything and builds the run, writing nothing."""
   check_record(config, workdir, allow_config_change)
+  note = note_schedule_change(config, workdir)
+  if note:
+    _say(note)
   mode = config.parallel.mode
   if mode not in parallel_lib.MODES:
     raise ValueError(f'Unknown parallel.mode {mode!r}; allowed: {", ".join(parallel_lib.MODES)}.')

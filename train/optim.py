@@ -11,11 +11,14 @@
     (θ ← θ − η(update + λθ)); for 'sgd' and 'momentum' the classic L2 term
     added to the gradient before the momentum (g ← g + λθ, as in He et al.
     2016); 'adam' has none.
-  weight_decay_mask: 'all' (every parameter) | 'kernels' (only parameters of
-    two or more dimensions: no decay on biases and normalisation scales/offsets)
+  weight_decay_mask: 'all' (every parameter) | 'kernels' (parameters of two or
+    more dimensions other than biases: kernels and embedding tables; no decay on
+    biases, even an attention layer's [heads, head_dim] ones, nor on
+    normalisation scales/offsets)
   grad_clip_norm: clip by global norm (Pascanu et al. 2013) when > 0
   schedule: 'constant' | 'step' | 'cosine' | 'warmup_cosine'
-  warmup_steps, decay_factor, boundaries (fractions of the run for 'step'),
+  warmup_steps (an integer, for 'warmup_cosine' only), decay_factor, boundaries
+  (fractions of the run for 'step'),
   final_lr_fraction (the cosine floor as a fraction of the peak).
 """
 
@@ -39,9 +42,13 @@ def validate(config, total_steps: int) -> None:
   if schedule not in SCHEDULES:
     raise ValueError(f'Unknown learning-rate schedule {schedule!r}; allowed: {", ".join(SCHEDULES)}.')
   warmup = config.get('warmup_steps', 0)
-  if schedule == 'warmup_cosine' and not 0 <= warmup < total_steps:
-    raise ValueError(f'optimizer.warmup_steps must be in [0, {total_steps}) for a run of '
-                     f'{total_steps} steps, got {warmup!r}.')
+  if (not isinstance(warmup, numbers.Integral) or isinstance(warmup, bool)
+      or not 0 <= warmup < total_steps):
+    raise ValueError(f'optimizer.warmup_steps must be an integer in [0, {total_steps}) for a '
+                     f'run of {total_steps} steps, got {warmup!r}.')
+  if warmup and schedule != 'warmup_cosine':
+    raise ValueError(f'optimizer.warmup_steps={warmup} warms up only the \'warmup_cosine\' '
+                     f'schedule, not {schedule!r}; set it to 0 or choose warmup_cosine.')
   if config.get('weight_decay_mask', 'all') not in DECAY_MASKS:
     raise ValueError(f'Unknown optimizer.weight_decay_mask {config.weight_decay_mask!r}; allowed: '
                      f'{", ".join(DECAY_MASKS)}.')
@@ -142,6 +149,9 @@ def decay_mask(kind: str):
   """The pytree mask (True: decayed) of `weight_decay_mask` kind, or None for 'all'."""
   if kind == 'all':
     return None
-  # Kernels and embeddings have two or more dimensions; biases, batch- and
-  # layer-norm scales and offsets have one.
-  return lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  # Kernels and embeddings have two or more dimensions; batch- and layer-norm scales and
+  # offsets have one, biases one or (an attention layer's, [heads, head_dim]) two.
+  def is_bias(path) -> bool:
+    return getattr(path[-1], 'key', None) == 'bias' if path else False
+  return lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, p: p.ndim >= 2 and not is_bias(path), params)

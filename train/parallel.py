@@ -32,7 +32,11 @@ Modes (`config.parallel.mode`):
                divide its dimension: `abstract_state` stops with one sentence
                naming the parameter otherwise (no fallback).
 All modes see the same global batch, so they compute the same parameters up to
-floating-point reassociation.
+floating-point reassociation, for a model and task without random streams. Under
+'shard_map' and 'pmap' each device folds its index into the step's keys
+(`step._device_key`), so dropout masks and augmentations, and with them the
+parameters, depend on the mode and the number of devices (a run resumed in another
+mode or on another device count goes on from the same state along another path).
 
 The state has one canonical layout for checkpoints, a global `jax.Array` per
 leaf with the mode's sharding (replicated for 'pmap'), so a checkpoint saved in

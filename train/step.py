@@ -81,7 +81,8 @@ def train_step(state: TrainState, batch: dict, *, model, task: base.Task,
   as it was (but for the step counter) and reports `skipped` = 1.
 
   Metrics: {'totals': {name: (Σ total, Σ weight)} over the global batch,
-  'grad_norm', 'learning_rate' (of this step), 'skipped'}.
+  'grad_norm', 'learning_rate' (the one this step's update uses: the schedule at the number
+  of updates made so far, which skipped steps do not advance), 'skipped'}.
   """
   step_key = _device_key(jax.random.fold_in(state.rng, state.step), axis_name)
   # A multi-process run passes each process's stop request (SIGTERM) with the batch;
@@ -145,7 +146,7 @@ def train_step(state: TrainState, batch: dict, *, model, task: base.Task,
       finite, lambda: updated,
       lambda: (state.params, state.opt_state, state.model_state, state.ema_params))
   metrics = {'totals': sums, 'grad_norm': optax.tree.norm(grads),
-             'learning_rate': learning_rate_fn(state.step),
+             'learning_rate': learning_rate_fn(schedule_count(state.opt_state, state.step)),
              'skipped': jnp.logical_not(finite).astype(jnp.int32)}
   if stop_B is not None:
     stop = jnp.max(stop_B)
@@ -153,6 +154,15 @@ def train_step(state: TrainState, batch: dict, *, model, task: base.Task,
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                             model_state=model_state, ema_params=ema_params)
   return new_state, metrics
+
+
+def schedule_count(opt_state, default):
+  """The number of updates the optimizer's learning-rate schedule has counted (it skips the
+  steps the guard skipped, which the train step counts), or `default` if it keeps none."""
+  for path, count in optax.tree_utils.tree_get_all_with_path(opt_state, 'count'):
+    if getattr(path[-1], 'tuple_name', None) == 'ScaleByScheduleState':
+      return count
+  return default
 
 
 def _all_finite(tree) -> jax.Array:

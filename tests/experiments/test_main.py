@@ -5,11 +5,12 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from experiments.configs import digits_mlp
 from tests.subprocess_util import REPO_ROOT
-from train import loop
+from train import loop, optim
 
 
 @pytest.fixture
@@ -88,7 +89,7 @@ def test_batch_not_divisible_by_devices():
   out = run_python('''
 import json, tempfile
 from experiments.configs import digits_mlp
-from train import loop
+from train import loop, optim
 c = digits_mlp.get_config()
 c.global_batch_size = 60
 try:
@@ -119,7 +120,8 @@ def test_changed_model_with_old_workdir_stops_and_keeps_checkpoints(config, tmp_
   assert {p: p.stat().st_mtime_ns for p in checkpoints.rglob('*')} == before
 
 
-def test_resume_under_a_changed_optimiser_is_refused_but_step_count_may_change(config, tmp_path):
+def test_resume_under_a_changed_optimiser_is_refused_but_step_count_may_change(config, tmp_path,
+                                                                               capsys):
   workdir = tmp_path / 'w'
   config.num_train_steps = 10
   config.optimizer.warmup_steps = 2
@@ -130,7 +132,16 @@ def test_resume_under_a_changed_optimiser_is_refused_but_step_count_may_change(c
   assert 'optimizer.learning_rate (0.002 -> 1000000.0)' in message and 'seed (0 -> 3)' in message
   config.optimizer.learning_rate, config.seed = 2e-3, 0
   config.num_train_steps, config.log_every_steps, config.parallel.mode = 20, 5, 'shard_map'
+  capsys.readouterr()
   loop.setup(config, str(workdir)).train()
+  # The warm-up cosine is laid out over the new length, and the run says so: at step 10 the
+  # 10-step schedule had reached its floor, 0, and the 20-step one is at 0.5 (1 + cos(π·8/18))
+  # of its peak 2e-3.
+  rate = float(optim.make_schedule(config.optimizer, 20)(10))
+  assert abs(rate - 1e-3 * (1 + np.cos(np.pi * 8 / 18))) < 1e-8
+  assert (f"Resuming at step 10 with num_train_steps 10 -> 20: the 'warmup_cosine' learning-rate "
+          f'schedule is laid out over the new length, so the rate there goes from 0 to '
+          f'{rate:.4g}.' in capsys.readouterr().err)
   from train import checkpoint  # pylint: disable=g-import-not-at-top
   assert int(checkpoint.restore_arrays(str(workdir))['step']) == 20  # resumed and ran on
   assert loop.read_config(str(workdir)).num_train_steps == 20

@@ -148,7 +148,13 @@ def test_momentum_is_heavy_ball_on_a_quadratic(mu):
     (dict(learning_rate=0.0), 'learning_rate must be positive'),
     (dict(learning_rate=float('inf')), 'optimizer.learning_rate must be a finite number'),
     (dict(schedule='linear'), "Unknown learning-rate schedule 'linear'"),
-    (dict(schedule='warmup_cosine', warmup_steps=100), 'warmup_steps must be in [0, 100)'),
+    (dict(schedule='warmup_cosine', warmup_steps=100), 'warmup_steps must be an integer in [0, 100)'),
+    # A fraction of the run ("10 % warm-up") reached the peak after one step.
+    (dict(schedule='warmup_cosine', warmup_steps=0.1), 'warmup_steps must be an integer in [0, 100)'),
+    (dict(schedule='warmup_cosine', warmup_steps=True), 'warmup_steps must be an integer'),
+    # Only warmup_cosine warms up: the others ignored it.
+    (dict(schedule='cosine', warmup_steps=3),
+     "warmup_steps=3 warms up only the 'warmup_cosine' schedule, not 'cosine'"),
     (dict(grad_clip_norm=-1.0), 'grad_clip_norm must be >= 0'),
     (dict(weight_decay=-1e-4), 'optimizer.weight_decay must be >= 0, got -0.0001'),
     (dict(momentum=-1.0), 'optimizer.momentum must be in [0, 1), got -1.0'),

@@ -294,14 +294,21 @@ def test_weight_decay_mask_spares_biases_and_norm_parameters():
   config = ml_collections.ConfigDict(dict(name='adamw', learning_rate=0.1, weight_decay=0.5,
                                           weight_decay_mask='kernels'))
   tx, _ = optim.make_optimizer(config, 10)
+  # An attention layer's query bias is [heads, head_dim]: two dimensions, and a bias (it was
+  # decayed when the rule was "two or more dimensions").
   params = {'dense': {'kernel': jnp.ones((3, 2)), 'bias': jnp.ones(2)},
-            'norm': {'scale': jnp.ones(2)}}
+            'norm': {'scale': jnp.ones(2)},
+            'query': {'kernel': jnp.ones((4, 2, 3)), 'bias': jnp.ones((2, 3))},
+            'embed': {'embedding': jnp.ones((5, 4))}}
   zero_grads = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zero_grads, tx.init(params), params)
   # With zero gradients only decoupled weight decay moves a parameter: −lr·wd·p.
-  np.testing.assert_allclose(updates['dense']['kernel'], -0.1 * 0.5 * np.ones((3, 2)), rtol=1e-6)
-  np.testing.assert_array_equal(updates['dense']['bias'], 0.0)
-  np.testing.assert_array_equal(updates['norm']['scale'], 0.0)
+  for decayed in (('dense', 'kernel'), ('query', 'kernel'), ('embed', 'embedding')):
+    np.testing.assert_allclose(updates[decayed[0]][decayed[1]],
+                               -0.1 * 0.5 * np.ones(params[decayed[0]][decayed[1]].shape),
+                               rtol=1e-6, err_msg=str(decayed))
+  for spared in (('dense', 'bias'), ('norm', 'scale'), ('query', 'bias')):
+    np.testing.assert_array_equal(updates[spared[0]][spared[1]], 0.0, err_msg=str(spared))
   config.weight_decay_mask = 'all'
   tx, _ = optim.make_optimizer(config, 10)
   updates, _ = tx.update(zero_grads, tx.init(params), params)
@@ -309,3 +316,26 @@ def test_weight_decay_mask_spares_biases_and_norm_parameters():
   config.weight_decay_mask = 'nothing'
   with pytest.raises(ValueError, match="'nothing'; allowed: all, kernels"):
     optim.make_optimizer(config, 10)
+
+
+def test_the_reported_learning_rate_is_the_one_the_update_uses_after_a_skipped_step():
+  # A skipped step leaves the optimizer's schedule count where it was, but the rate was read
+  # at the train step counter, so every later step reported the rate of one step ahead.
+  config = ml_collections.ConfigDict(dict(name='sgd', learning_rate=1.0, schedule='step',
+                                          boundaries=(0.5,), decay_factor=0.1))
+  tx, lr_fn = optim.make_optimizer(config, 4)  # 1.0 for updates 0 and 1, then 0.1
+  model, task, state, _, batch = _setup(dropout_rate=0.0, tx=tx)
+  train = jax.jit(functools.partial(step.train_step, model=model, task=task, tx=tx,
+                                    learning_rate_fn=lr_fn))
+  nan_batch = {**batch, 'input': np.full_like(batch['input'], np.nan)}
+  reported, moves = [], []
+  for batch_t in (nan_batch, batch, batch, batch):
+    new_state, metrics = train(state, batch_t)
+    reported.append(float(metrics['learning_rate']))
+    moves.append(max(float(np.abs(a - b).max()) for a, b in
+                     zip(jax.tree.leaves(new_state.params), jax.tree.leaves(state.params))))
+    state = new_state
+  assert moves[0] == 0.0  # skipped
+  assert reported == [1.0, 1.0, 1.0, pytest.approx(0.1)]
+  # The third step (the second update) moved by the rate 1.0 it reported: ten times the last.
+  assert moves[2] > 3 * moves[3]
