@@ -14,8 +14,8 @@ Samplers, by the run's model and task:
                          probability-flow ODE by RK4 with --steps steps);
   diffusion, score_sde:  pc, ode;
   diffusion, d3pm:       ancestral (all T steps);
-  diffusion, cold:       cold (Bansal et al. 2022, Algorithm 2 from x_T drawn from a Gaussian
-                         fitted to the degraded training images D(x_0, T), or with
+  diffusion, cold:       cold (Bansal et al. 2022, Algorithm 2, all T steps, from x_T drawn from
+                         a Gaussian fitted to the degraded training images D(x_0, T), or with
                          --cold_start=flat from the paper's flat images, §5: `cold_start`);
   vae:                   vae (decoder means E[x | z], z ~ N(0, I));
   no run:                data (--num_samples training images, the floor).
@@ -42,7 +42,8 @@ A cold run also restores the first --batch_size test images from D(x_0, t) at t 
 the paper's Algorithms 1 and 2 and reports their mean ℓ1 errors (figure
 `samples/cold_restore_<t>.png`: images, degradations, Algorithm 1, Algorithm 2).
 
---weights=params samples with the run's parameters instead of their moving average.
+--weights=params samples with the run's parameters instead of their moving average (a run
+that kept none samples its parameters either way, and its row says 'params').
 
 Prints the row and appends it to `<workdir>/generative_metrics.jsonl` (the classifier's for
 the floor); the first 64 samples are drawn to `<that workdir>/samples/<sampler>_<steps>_….png`.
@@ -102,9 +103,11 @@ def define_flags() -> None:
                       'the feature vector.')
 
 
-def _load(workdir: str, what: str, weights: str = 'ema'):
-  """(config, train source, eval source, task, module, variables, step) of a trained run,
-  with its parameter average ('ema', when the run kept one) or its parameters ('params')."""
+def _load(workdir: str, what: str, weights: str = 'ema', task_name: str | None = None):
+  """(config, train source, eval source, task, module, variables, step, weights) of a trained
+  run, with its parameter average ('ema', when the run kept one) or its parameters ('params'),
+  and which of the two it took; ValueError in one sentence when `task_name` is given and the
+  run has another task."""
   from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
 
   if not workdir:
@@ -113,19 +116,23 @@ def _load(workdir: str, what: str, weights: str = 'ema'):
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f'--{what}={workdir!r} does not exist.')
   config = loop.read_config(workdir)
+  if task_name and config.task.name != task_name:
+    raise ValueError(f'--{what}={workdir!r} is a run of task {config.task.name!r} (model '
+                     f'{config.model.name!r}); give a run of task {task_name!r}.')
   train_source, eval_source, _, task, module = loop.build_parts(config, workdir)
   state = checkpoint.restore_arrays(workdir)
   use_ema = weights == 'ema' and state.get('ema_params') is not None
   params = state['ema_params'] if use_ema else state['params']
   return (config, train_source, eval_source, task, module,
-          {'params': params, **(state.get('model_state') or {})}, int(state['step']))
+          {'params': params, **(state.get('model_state') or {})}, int(state['step']),
+          'ema' if use_ema else 'params')
 
 
 def check_run(workdir: str, config, task, eval_source, *, sampler: str, steps: int,
               bits_per_dim_examples: int) -> None:
   """ValueError in one sentence when the run in `workdir` cannot be measured so: a sampler
   of another kind of run, more steps than its process has (or steps a sampler does not
-  take), or likelihoods of more test images than it has."""
+  take: the cold sampler takes all T), or likelihoods of more test images than it has."""
   from train.tasks import diffusion  # pylint: disable=g-import-not-at-top
   is_diffusion = config.task.name == 'diffusion'
   objective = task.objective if is_diffusion else None
@@ -141,7 +148,11 @@ def check_run(workdir: str, config, task, eval_source, *, sampler: str, steps: i
                      f'{objective or config.model.name} run, which '
                      f'{"decodes prior draws" if sampler == "vae" else "takes every step"}; '
                      'leave it at 0.')
-  if sampler in ('ancestral', 'ddim', 'cold') and steps > task.process_steps:
+  if sampler == 'cold' and steps not in (0, task.process_steps):
+    raise ValueError(f'--steps={steps} does not apply to --sampler=cold, which starts from '
+                     f'D(x_0, T) and takes all T = {task.process_steps} steps of the run\'s cold '
+                     f'process; give 0 or {task.process_steps}.')
+  if sampler in ('ancestral', 'ddim') and steps > task.process_steps:
     raise ValueError(f'--steps={steps} exceeds the {task.process_steps} steps of the run\'s '
                      f'{objective} process; give 0 (all of them) to {task.process_steps}.')
   if bits_per_dim_examples and objective not in ('ddpm', 'score_sde'):
@@ -360,7 +371,8 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
     raise ValueError(f'--cold_noise={cold_noise} must be at least 0.')
   if weights not in ('ema', 'params'):
     raise ValueError(f'--weights={weights!r}; allowed: ema, params.')
-  for name, value, least in (('num_samples', num_samples, 2), ('batch_size', batch_size, 1)):
+  for name, value, least in (('num_samples', num_samples, 2), ('batch_size', batch_size, 1),
+                             ('seed', seed, 0)):
     if value < least:
       raise ValueError(f'--{name}={value} is too small; give at least {least}.')
   if ode_grid not in TIME_GRIDS:
@@ -377,12 +389,13 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
                      f'be ≥ 0 and --likelihood_steps={likelihood_steps} ≥ 1.')
   if (sampler == 'data') != (not workdir):
     raise ValueError('--sampler=data takes no --workdir; every other sampler needs one.')
-  (_, c_train, c_eval, c_task, c_module, c_variables, _) = _load(classifier, 'classifier')
+  (_, c_train, c_eval, c_task, c_module, c_variables, _, _) = _load(
+      classifier, 'classifier', task_name='classification')
   if num_samples > len(c_eval):
     raise ValueError(f'--num_samples={num_samples} exceeds the {len(c_eval)} reference images.')
   test_pixels = pipeline.read_batch(c_eval, np.arange(len(c_eval)))[c_task.input_key]
   if sampler != 'data':
-    config, train_source, eval_source, task, module, variables, step = _load(
+    config, train_source, eval_source, task, module, variables, step, weights = _load(
         workdir, 'workdir', weights)
     shapes = task.meta.get('shapes', {})
     if shapes and tuple(shapes.get('image', ())) != tuple(test_pixels.shape[1:]):

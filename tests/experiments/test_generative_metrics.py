@@ -1,8 +1,10 @@
 """The generative-metrics command: its features are the classifier's pooled activations (the
 input of the ResNet's 'head', checked against the last block's output and the logits), the
 cold sampler's flat start, pixel rounding, the ODE's bits per dimension against the Gaussian
-density of pixels in [0, 1], and one-sentence errors before anything loads."""
+density of pixels in [0, 1], the floor's distance against the classifier applied by hand to
+pixels, the weights a row records, and one-sentence errors before anything loads."""
 
+import os
 import types
 
 import jax
@@ -11,10 +13,14 @@ import numpy as np
 import pytest
 
 from experiments import generative_metrics
+from experiments.configs import digits_mlp
+from models.generative import frechet
 from models.vision import resnet
+from tests.experiments import fake_runs
+from tests.experiments.test_plot_vae import _config as vae_config
 from tests.messages import one_sentence
 from tests.train.test_diffusion_task import ExactEps
-from train import tasks
+from train import checkpoint, loop, tasks
 
 
 def test_features_are_the_input_of_the_classifier_head():
@@ -125,6 +131,8 @@ def test_every_setting_draws_its_own_sample_grid():
      '--num_samples=1 is too small; give at least 2'),
     ({'workdir': None, 'sampler': 'data', 'weights': 'average'}, ValueError,
      "--weights='average'; allowed: ema, params"),
+    ({'workdir': None, 'sampler': 'data', 'seed': -1}, ValueError,
+     '--seed=-1 is too small; give at least 0.'),
     ({'workdir': None, 'sampler': 'data', 'likelihood_eps': 0.0}, ValueError,
      '--likelihood_eps=0.0 must lie in'),
     ({'workdir': None, 'sampler': 'data', 'ode_grid': 'log'}, ValueError,
@@ -153,7 +161,11 @@ def _run(task_name, objective=None, steps=1000, model='unet'):
      '1000.'),
     (('diffusion', 'ddpm'), {'sampler': 'ddim', 'steps': 1001}, '--steps=1001 exceeds the 1000'),
     (('diffusion', 'cold', 50), {'sampler': 'cold', 'steps': 51},
-     "--steps=51 exceeds the 50 steps of the run's cold process; give 0 (all of them) to 50."),
+     "--steps=51 does not apply to --sampler=cold, which starts from D(x_0, T) and takes all "
+     "T = 50 steps of the run's cold process; give 0 or 50."),
+    # Fewer steps started from D(x_0, 25), not from the D(x_0, T) of the module doc.
+    (('diffusion', 'cold', 50), {'sampler': 'cold', 'steps': 25},
+     '--steps=25 does not apply to --sampler=cold'),
     (('diffusion', 'd3pm'), {'sampler': 'ancestral', 'steps': 100},
      '--steps=100 does not apply to --sampler=ancestral of a d3pm run, which takes every step; '
      'leave it at 0.'),
@@ -178,6 +190,7 @@ def test_settings_the_run_cannot_take_are_one_sentence(run, options, message):
     (('diffusion', 'ddpm'), {'sampler': 'pc', 'steps': 2000}),  # a solver's grid, any length
     (('diffusion', 'score_sde'), {'sampler': 'ode', 'steps': 5000}),
     (('diffusion', 'cold', 50), {'sampler': 'cold', 'steps': 50}),
+    (('diffusion', 'cold', 50), {'sampler': 'cold'}),
     (('diffusion', 'd3pm'), {'sampler': 'ancestral'}),
     (('vae', None, 0, 'vae'), {'sampler': 'vae'}),
 ])
@@ -190,3 +203,68 @@ def test_a_negative_cold_noise_is_one_sentence():
   one_sentence(lambda: generative_metrics.measure(
       classifier='/nonexistent/run', workdir='w', sampler='cold', steps=0, num_samples=8,
       batch_size=4, seed=0, cold_noise=-0.1), '--cold_noise=-0.1 must be at least 0.')
+
+
+@pytest.fixture(scope='module')
+def classifier_run(tmp_path_factory, data_dir):
+  """A tiny ResNet on digits (pixels 0..16, scaled by 1/16 and normalised by the task, no
+  parameter average) whose checkpoint holds random parameters."""
+  config = digits_mlp.get_config()
+  config.data.data_dir = data_dir
+  config.model = ml_collections.ConfigDict({
+      'name': 'resnet20', 'stage_sizes': (1,), 'stage_widths': (4,), 'stem_width': 4,
+      'dtype': 'float32'})
+  config.task.input_mean, config.task.input_std = (0.3,), (0.4,)
+  config.global_batch_size, config.eval_batch_size = 8, 120
+  rng = np.random.default_rng(0)
+
+  def draw(path, leaf):  # kernels N(0, 1/fan-in), BatchNorm scales and variances 1
+    name = jax.tree_util.keystr(path[-1:], simple=True)
+    if name == 'kernel':
+      return rng.normal(size=leaf.shape).astype(leaf.dtype) / np.sqrt(np.prod(leaf.shape[:-1]))
+    return np.full(leaf.shape, name in ('scale', 'var'), leaf.dtype)
+
+  return fake_runs.save_random_run(config, str(tmp_path_factory.mktemp('classifier')),
+                                   draw=draw)
+
+
+@pytest.fixture(scope='module')
+def vae_run(tmp_path_factory, data_dir):
+  return fake_runs.save_random_run(vae_config(data_dir), str(tmp_path_factory.mktemp('vae')))
+
+
+def test_the_floor_is_the_distance_of_the_classifier_features_of_pixels(classifier_run):
+  row = generative_metrics.measure(classifier=classifier_run, workdir=None, sampler='data',
+                                   steps=0, num_samples=40, batch_size=40, seed=3)
+  # The classifier applied by hand to pixels, as its task prepares them: x = (p/16 − 0.3)/0.4.
+  config = loop.read_config(classifier_run)
+  train, test, _, _, module = loop.build_parts(config, classifier_run)
+  variables = checkpoint.eval_variables(checkpoint.restore_arrays(classifier_run))
+  order = np.sort(np.random.default_rng(3).permutation(len(train))[:40])
+
+  def features(source, indices):
+    pixels = np.stack([source[int(i)]['image'] for i in indices]).astype(np.float32)
+    x = (pixels / 16 - 0.3) / 0.4
+    return generative_metrics.layer_input(module, variables, (x,), 'head')
+
+  expected = frechet.frechet_distance(
+      *frechet.feature_statistics(features(train, order)),
+      *frechet.feature_statistics(features(test, range(len(test)))))
+  assert row['frechet_distance'] == pytest.approx(expected, rel=1e-4)
+  assert os.path.exists(os.path.join(classifier_run, 'samples', 'data_0_seed3.png'))
+
+
+def test_a_classifier_that_is_not_a_classification_run_is_one_sentence(vae_run):
+  # Its task's transform needed a 'dequantize' stream: a KeyError traceback.
+  one_sentence(lambda: generative_metrics.measure(
+      classifier=vae_run, workdir=None, sampler='data', steps=0, num_samples=8, batch_size=8,
+      seed=0), f"--classifier={os.path.abspath(vae_run)!r} is a run of task 'vae' (model "
+      "'vae'); give a run of task 'classification'.")
+
+
+def test_a_run_without_a_parameter_average_records_the_parameters(classifier_run, vae_run):
+  row = generative_metrics.measure(classifier=classifier_run, workdir=vae_run, sampler='vae',
+                                   steps=0, num_samples=8, batch_size=8, seed=0, weights='ema')
+  assert row['weights'] == 'params'
+  assert os.path.exists(os.path.join(vae_run, 'samples', 'vae_0_params.png'))
+  assert not os.path.exists(os.path.join(vae_run, 'samples', 'vae_0_ema.png'))
