@@ -26,6 +26,8 @@ import numpy as np
 matplotlib.use('Agg')  # Files only; no display is needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
+from experiments import command_line  # pylint: disable=g-import-not-at-top
+
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory of a trained image classifier run.')
 _INDEX = flags.DEFINE_integer('index', 0, 'Index of the image in the eval split.')
 _OUTPUT = flags.DEFINE_string('output', None, 'PNG to write (default: in the work directory).')
@@ -109,6 +111,7 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
   logging.set_verbosity(logging.WARNING)
   output = _OUTPUT.value or os.path.join(_WORKDIR.value, 'filters_and_feature_maps.png')
+  command_line.output_file(output, 'output')
   try:
     what = plot(_WORKDIR.value, _INDEX.value, output)
   except (ValueError, FileNotFoundError) as e:
@@ -117,5 +120,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from experiments import command_line  # pylint: disable=g-import-not-at-top
   command_line.run(main)

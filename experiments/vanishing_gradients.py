@@ -46,6 +46,7 @@ import optax
 matplotlib.use('Agg')  # Files only; no display is needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
+from experiments import command_line  # pylint: disable=g-import-not-at-top
 from models.sequence import bptt  # pylint: disable=g-import-not-at-top
 from models.sequence import rnn
 
@@ -357,6 +358,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
   logging.set_verbosity(logging.WARNING)
+  command_line.output_file(FLAGS.output, 'output')
   start = time.time()
   run(FLAGS.output, features=FLAGS.features, length=FLAGS.length, samples=FLAGS.samples,
       scales=tuple(float(s) for s in FLAGS.scales), steps=FLAGS.steps, batch=FLAGS.batch,
@@ -367,6 +369,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from experiments import command_line  # pylint: disable=g-import-not-at-top
   define_flags()
   command_line.run(main)

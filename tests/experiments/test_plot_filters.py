@@ -2,7 +2,9 @@
 that kernel's correlation with the prepared image, and the PNG is written."""
 
 import os
+import types
 
+from absl import app
 import numpy as np
 import pytest
 
@@ -85,3 +87,20 @@ def test_a_classifier_of_sequences_is_one_sentence(tmp_path):
     plot_filters.plot(str(tmp_path), 0, str(tmp_path / 'f.png'))
   assert_one_sentence(str(info.value), "(model 'cnn1d', task 'classification', inputs (40,)) is "
                       'not a classifier of images [H, W, C]')
+
+
+@pytest.mark.parametrize('name, message', [
+    ('folder', 'is a folder; give the file to write in it.'),
+    ('filters.txt', 'must end in a figure format: '),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_run_is_read(
+    tmp_path, monkeypatch, name, message):
+  # A folder made matplotlib write <folder>.png while the script named the folder, and .txt
+  # failed in savefig once the run was read and drawn.
+  (tmp_path / 'folder').mkdir()
+  monkeypatch.setattr(plot_filters, '_WORKDIR', types.SimpleNamespace(value=str(tmp_path)))
+  monkeypatch.setattr(plot_filters, '_OUTPUT', types.SimpleNamespace(value=str(tmp_path / name)))
+  monkeypatch.setattr(plot_filters, 'plot', lambda *a: pytest.fail('the run was read'))
+  with pytest.raises(app.UsageError) as info:
+    plot_filters.main(['plot_filters'])
+  assert_one_sentence(str(info.value), f'--output={tmp_path / name} {message}')

@@ -5,6 +5,7 @@ s_t to s_T (LSTM and GRU), and against scale^d for the linear RNN; the script wr
 import os
 import re
 
+from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import optax
 import pytest
 
 from experiments import vanishing_gradients as vg
+from tests.messages import assert_one_sentence
 
 H, C, T = 6, 3, 12
 
@@ -138,6 +140,26 @@ def test_bad_flags_are_refused_when_parsed(flag, message):
   with pytest.raises(flags.IllegalFlagValueError, match=re.escape(message)):
     parse(flag)
   assert parse('--delay=11', '--scales=0.5,3').delay == 11  # the largest delay; scales parse
+
+
+@pytest.mark.parametrize('name, message', [
+    ('folder', 'is a folder; give the file to write in it.'),
+    ('norms.txt', 'must end in a figure format: '),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch,
+                                                                     name, message):
+  # A folder made matplotlib write <folder>.png while the script named the folder, and .txt
+  # failed in savefig after every panel was computed.
+  (tmp_path / 'folder').mkdir()
+  flag_values = flags.FlagValues()
+  vg.define_flags(flag_values)
+  flag_values(['vanishing_gradients', f'--output={tmp_path / name}'])
+  monkeypatch.setattr(vg, 'FLAGS', flag_values)
+  monkeypatch.setattr(vg, 'run', lambda *a, **k: pytest.fail('the panels were computed'))
+  with pytest.raises(app.UsageError) as info:
+    vg.main(['vanishing_gradients'])
+  assert_one_sentence(str(info.value), f'--output={tmp_path / name} {message}')
+  assert not os.path.exists(f'{tmp_path / "folder"}.png')
 
 
 def test_a_large_gru_update_gate_bias_keeps_the_state():
