@@ -193,6 +193,17 @@ def output_file(path: str, flag: str, *, figure: bool = True) -> str:
   return path
 
 
+def work_directory(path: str) -> str:
+  """The absolute `path` of a work directory, checked before any work is done as a folder
+  that can be written or created (train/loop.py: check_workdir), or UsageError in one
+  sentence."""
+  from train import loop  # pylint: disable=g-import-not-at-top
+  try:
+    return loop.check_workdir(path)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+
+
 def _exit_with(sentence: str):
   sys.stderr.write(f'error: {sentence}\n')
   sys.exit(1)

@@ -134,6 +134,7 @@ def evaluate(model: ngram.NGramModel, windows: dict, units_per_token: np.ndarray
 
 def main(argv):
   del argv
+  command_line.work_directory(FLAGS.workdir)
   start = time.perf_counter()
   specs = model_specs(FLAGS.orders, FLAGS.smoothing, FLAGS.add_k, FLAGS.kn_discount)
   with tempfile.TemporaryDirectory() as temporary:

@@ -74,6 +74,8 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
+  if FLAGS.workdir:
+    command_line.work_directory(FLAGS.workdir)
   counts = command_line.integers_at_least(FLAGS.num_features, 'num_features')
   x_train, x_test, y_train, y_test = load_split(FLAGS.split_seed)
   gamma = FLAGS.gamma if FLAGS.gamma is not None else 1.0 / (x_train.shape[1] * x_train.var())

@@ -99,6 +99,7 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
+  command_line.work_directory(FLAGS.workdir)
   widths = command_line.integers_at_least(
       FLAGS.widths, 'widths', 4, 'the interpolating network uses width - 2 grid points, two or more')
   os.makedirs(FLAGS.workdir, exist_ok=True)

@@ -110,3 +110,21 @@ def test_random_features_refuses_a_split_seed_scikit_learn_cannot_take(tmp_path)
   assert result.returncode == 1
   assert 'flag --split_seed=-1: -1 is not an integer in the range [0, 4294967295]' in result.stderr
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize('script, flags', [
+    ('random_features', ['--num_features=10', '--draws=1']),
+    ('universal_approximation', ['--widths=4', '--train_steps=0']),
+])
+def test_a_workdir_that_is_a_file_is_refused_before_any_work(tmp_path, script, flags):
+  # It was a FileExistsError traceback, for random_features after the whole table.
+  workdir = tmp_path / 'results'
+  workdir.write_text('an earlier file\n')
+  result = subprocess.run(
+      [sys.executable, '-m', f'experiments.{script}', f'--workdir={workdir}', *flags],
+      cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+      timeout=120)
+  assert result.returncode == 1 and result.stdout == '', result.stderr[-2000:]
+  assert result.stderr == (f"error: The work directory '{workdir}' is not writable "
+                           f"('{workdir}' is a file).\n")
+  assert workdir.read_text() == 'an earlier file\n'

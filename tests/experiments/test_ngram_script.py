@@ -106,3 +106,21 @@ def test_what_the_vocabulary_refuses_stops_before_any_model_is_fitted(tmp_path, 
   assert_one_sentence(result.stderr.strip().splitlines()[-1], message)
   assert '| n |' not in result.stdout  # no model fitted
   assert (workdir / 'results.md').read_text() == 'an earlier table\n'
+
+
+def test_a_workdir_that_is_a_file_is_refused_before_the_data_is_read(tmp_path):
+  # It was a FileExistsError traceback once every model was fitted, losing the table.
+  source = tmp_path / 'source'
+  source.mkdir()
+  (source / 'input.txt').write_text('ROMEO:\nThe night is young.\n\n' * 40, encoding='utf-8')
+  workdir = tmp_path / 'results'
+  workdir.write_text('an earlier file\n')
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.ngram', f'--workdir={workdir}', '--orders=1',
+       f'--tiny_shakespeare_dir={source}', f'--data_dir={tmp_path / "data"}'],
+      cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+      timeout=120)
+  assert result.returncode == 1 and result.stdout == '', result.stderr[-2000:]
+  assert result.stderr == (f"error: The work directory '{workdir}' is not writable "
+                           f"('{workdir}' is a file).\n")
+  assert not (tmp_path / 'data').exists()
