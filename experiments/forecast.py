@@ -5,7 +5,8 @@ naive baselines and draws one forecast.
       --workdir=workdirs/co2_forecast_shifted [--num_steps=24 --figure=PATH.png]
 
 1. Trains with the shared train library, as `experiments.main` does (rerunning
-   resumes, or finds the run finished and evaluates it again).
+   resumes, or finds the run finished and evaluates it again; under a changed
+   config only with --allow_config_change).
 2. Restores the run's parameters (the EMA when kept) and, on the series of its
    data set, takes every forecast origin o whose next `num_steps` months all
    lie in the test split (o = first test index − 1 … last − num_steps: with
@@ -68,10 +69,10 @@ def forecast_origins(config, meta: dict, num_steps: int, split: str = 'test'):
   return values, origins
 
 
-def train(config, workdir: str) -> dict:
+def train(config, workdir: str, *, allow_config_change: bool = False) -> dict:
   """Trains (or resumes) the run with the shared train library; its final eval metrics."""
   from train import loop  # pylint: disable=g-import-not-at-top
-  return loop.setup(config, workdir).train()
+  return loop.setup(config, workdir, allow_config_change=allow_config_change).train()
 
 
 def evaluate(config, workdir: str, *, num_steps: int = 24, split: str = 'test') -> dict:
@@ -201,7 +202,8 @@ def write_record(workdir: str, record: dict) -> str:
   return path
 
 
-def run(config, workdir: str, *, num_steps: int = 24, figure: str | None = None) -> dict:
+def run(config, workdir: str, *, num_steps: int = 24, figure: str | None = None,
+        allow_config_change: bool = False) -> dict:
   """The command: trains, evaluates, prints the table and writes the record and the figure."""
   from experiments import command_line  # pylint: disable=g-import-not-at-top
   from train import loop  # pylint: disable=g-import-not-at-top
@@ -210,7 +212,7 @@ def run(config, workdir: str, *, num_steps: int = 24, figure: str | None = None)
     command_line.output_file(figure, 'figure')
     # Whether the config forecasts and the test split holds a forecast, before training.
     forecast_origins(config, loop.build_parts(config, workdir)[2], num_steps)
-    final = train(config, workdir)
+    final = train(config, workdir, allow_config_change=allow_config_change)
     print('final eval: ' + ' '.join(f'{k}={v:.4f}' for k, v in sorted(final.items())))
     record = evaluate(config, workdir, num_steps=num_steps)
   except loop.Stopped as e:
@@ -235,6 +237,9 @@ def define_flags() -> None:
   flags.DEFINE_string('workdir', None, 'Directory for checkpoints, logs, metrics and the results.')
   flags.DEFINE_integer('num_steps', 24, 'Months forecast from each test origin.')
   flags.DEFINE_string('figure', None, 'PNG to write (default: <workdir>/forecast.png).')
+  flags.DEFINE_bool('allow_config_change', False, 'Resume the checkpoints of --workdir although '
+                    'the config differs from the one that wrote them (beyond step counts and '
+                    'log/eval/checkpoint intervals).')
 
 
 def main(argv):
@@ -242,7 +247,7 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
   run(flags.FLAGS.config, flags.FLAGS.workdir, num_steps=flags.FLAGS.num_steps,
-      figure=flags.FLAGS.figure)
+      figure=flags.FLAGS.figure, allow_config_change=flags.FLAGS.allow_config_change)
 
 
 if __name__ == '__main__':

@@ -4,6 +4,8 @@ computation on the builder's records), writes the record, the table and the figu
 
 import json
 import os
+import subprocess
+import sys
 
 import matplotlib.image
 import numpy as np
@@ -12,6 +14,8 @@ import pytest
 from data import datasets
 from experiments import forecast
 from experiments.configs import co2_forecast_pooled
+from tests.experiments import fake_runs
+from tests.subprocess_util import REPO_ROOT
 
 
 @pytest.fixture
@@ -133,3 +137,22 @@ def test_a_figure_that_cannot_be_written_stops_before_training(config, tmp_path,
     forecast.run(config, str(tmp_path / 'run'), figure=str(tmp_path / name))
   assert str(info.value).startswith(f'error: --figure={tmp_path / name} ')
   assert not os.path.exists(tmp_path / 'run')
+
+
+def test_checkpoints_of_another_config_resume_with_allow_config_change(config, tmp_path):
+  # The refusal advised --allow_config_change, which the script did not define.
+  workdir = fake_runs.save_random_run(config, str(tmp_path / 'run'), step=config.num_train_steps)
+  config.optimizer.learning_rate = 3e-3
+  with pytest.raises(SystemExit) as info:
+    forecast.run(config, workdir, num_steps=4)
+  assert 'optimizer.learning_rate (0.01 -> 0.003) differ' in str(info.value)
+  assert '--allow_config_change' in str(info.value)
+  record = forecast.run(config, workdir, num_steps=4, allow_config_change=True)
+  assert record['checkpoint_step'] == config.num_train_steps
+  # The flag parses: the command gets as far as its first check, the figure's.
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.forecast',
+       '--config=experiments/configs/co2_forecast_pooled.py', f'--workdir={workdir}',
+       '--allow_config_change', f'--figure={tmp_path}'], cwd=REPO_ROOT,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True, timeout=120)
+  assert result.stderr == f'error: --figure={tmp_path} is a folder; give the file to write in it.\n'
