@@ -52,14 +52,7 @@ class ShakespeareCase(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager):
     path = os.path.join(dl_manager.manual_dir, 'input.txt')
-    # Decoding the bytes keeps every character as written, as tiny_shakespeare reads it.
-    with open(path, 'rb') as f:
-      data = f.read()
-    try:
-      text = data.decode('utf-8')
-    except UnicodeDecodeError as e:
-      raise ValueError(f"Data set 'shakespeare_case' reads UTF-8 text, but {path} has an invalid "
-                       f'byte at offset {e.start}.') from None
+    text = tiny_shakespeare.read_utf8(path, 'shakespeare_case')
     if not text.isascii():
       position = next(i for i, c in enumerate(text) if not c.isascii())
       raise ValueError(f"Data set 'shakespeare_case' takes ASCII text, but {path} has "

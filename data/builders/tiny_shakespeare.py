@@ -12,6 +12,18 @@ import os
 import tensorflow_datasets as tfds
 
 
+
+def read_utf8(path: str, name: str) -> str:
+  """The UTF-8 text of `path`, every character as written (no newline translation, so counts
+  are the file's), or ValueError naming data set `name`, the file and the first invalid byte."""
+  with open(path, 'rb') as f:
+    data = f.read()
+  try:
+    return data.decode('utf-8')
+  except UnicodeDecodeError as e:
+    raise ValueError(f"Data set '{name}' reads UTF-8 text, but {path} has an invalid byte at "
+                     f'offset {e.start}.') from None
+
 class TinyShakespeare(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Reads `input.txt` from the folder given as the download config's manual_dir."""
 
@@ -35,16 +47,7 @@ class TinyShakespeare(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     )
 
   def _split_generators(self, dl_manager):
-    path = os.path.join(dl_manager.manual_dir, 'input.txt')
-    # Decoding the bytes keeps every character as written (no newline
-    # translation), so the counts are the file's.
-    with open(path, 'rb') as f:
-      data = f.read()
-    try:
-      text = data.decode('utf-8')
-    except UnicodeDecodeError as e:
-      raise ValueError(f"Data set 'tiny_shakespeare' reads UTF-8 text, but {path} has an invalid "
-                       f'byte at offset {e.start}.') from None
+    text = read_utf8(os.path.join(dl_manager.manual_dir, 'input.txt'), 'tiny_shakespeare')
     pieces = split_text(text)
     return {name: self._generate_examples(name, text) for name, text in pieces.items()}
 
