@@ -11,7 +11,8 @@ random crops and flips) for 2 epochs, with half an epoch of warm-up.
       --workdir=workdirs/fashion_mnist_resnet18
 
 `--config.model.name=resnet34` or `resnet50` trains the deeper networks the same way
-(ResNet-34: 80.55% after these 2 epochs, in 101 min here, against ResNet-18's 86.95%;
+(ResNet-34: 80.55% after these 2 epochs, in 101 min here, against ResNet-18's 86.95%,
+and 89.98% with `--config.model.zero_init_residual=True`;
 ResNet-50, trained for 1 epoch with `--config.num_train_steps=468
 --config.optimizer.warmup_steps=234`: 66.01% in 105 min, and 83.45% in 99 min with
 `--config.model.zero_init_residual=True`, which kept its training accuracy from
