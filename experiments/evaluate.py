@@ -9,12 +9,14 @@ the run kept one) and runs the run's own evaluation over its eval split. With
 context, e.g. twice the training length to see which position schemes
 extrapolate (Press et al. 2022). Each `--set=KEY=VALUE` replaces one value of the run's
 config (a dotted key that exists there; the value read as a Python literal, else as a
-string), e.g. a generated data set's length. Prints the metrics and appends them, with the
-window and the checkpoint step, to `<workdir>/evaluations.jsonl`; nothing else
-in the work directory changes.
+string), e.g. a generated data set's length; one under which the model's parameters differ
+from the checkpoint's (a leaf missing, added, or of another shape or dtype) is refused
+before evaluating. Prints the metrics and appends them, with the window and the checkpoint
+step, to `<workdir>/evaluations.jsonl`; nothing else in the work directory changes.
 """
 
 import ast
+import functools
 import json
 import os
 import sys
@@ -57,12 +59,33 @@ def apply_overrides(config, overrides: Sequence[str]) -> dict:
   return applied
 
 
+def _mismatch(saved: dict, abstract_variables: tuple) -> str | None:
+  """Where the checkpoint's parameters and model state (`saved`) and the model's
+  (`abstract_variables`: params, model state) first differ, parameters first: a leaf only one
+  of them has, or one of another shape or dtype; None if they agree."""
+  from train import checkpoint  # pylint: disable=g-import-not-at-top
+  params, model_state = abstract_variables
+  # pylint: disable=protected-access
+  there = checkpoint._shapes({'params': saved['params'], **(saved.get('model_state') or {})})
+  here = checkpoint._shapes({'params': params, **model_state})
+  for name in sorted(set(there) | set(here), key=lambda n: (not n.startswith('params'), n)):
+    if name not in here:
+      return f'the model has no {name} ({checkpoint._describe(there[name])} in the checkpoint)'
+    if name not in there:
+      return f'the checkpoint has no {name} ({checkpoint._describe(here[name])} in the model)'
+    if there[name] != here[name]:
+      return (f'{name} is {checkpoint._describe(there[name])} in the checkpoint but '
+              f'{checkpoint._describe(here[name])} in the model')
+  return None
+
+
 def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None = None,
              overrides: Sequence[str] = ()) -> dict:
   """{'step', 'window', 'metrics'} (and the applied 'overrides') of the run in `workdir`; bad
   inputs raise ValueError or FileNotFoundError in one sentence before anything is compiled."""
-  import flax  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from data import pipeline  # pylint: disable=g-import-not-at-top
   from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
   from train import state as state_lib  # pylint: disable=g-import-not-at-top
 
@@ -81,19 +104,22 @@ def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None 
   if batch_size is not None:
     config.eval_batch_size = batch_size
   applied = apply_overrides(config, overrides)
-  _, eval_source, _, task, model = loop.build_parts(config, workdir)
+  train_source, eval_source, _, task, model = loop.build_parts(config, workdir)
+  example = task.preprocess(pipeline.read_batch(train_source, np.zeros(1, np.int64)))
+  init = functools.partial(state_lib.init_variables, model, task, example_batch=example)
+  abstract = loop._prove(  # pylint: disable=protected-access
+      'initialising the model', lambda: jax.eval_shape(init, jax.ShapeDtypeStruct((2,), np.uint32)))
   saved = checkpoint.restore_arrays(workdir)
+  mismatch = _mismatch(saved, abstract)
+  if mismatch:
+    changes = ' and '.join(f'--set={key}={value!r}' for key, value in applied.items())
+    raise ValueError(f'The checkpoint of {workdir!r} does not fit the model '
+                     f'{"under " + changes if changes else "of its config"}: {mismatch}.')
   state = state_lib.from_saved_arrays(saved)
   run = loop.Run(config=config, workdir=workdir, parallel=None, model=model, task=task, tx=None,
                  learning_rate_fn=None, init_fn=None, rng=None, train_source=None,
                  eval_source=eval_source, checkpointer=None)
-  try:
-    metrics = run.evaluate(jax.jit(run.eval_step_fn()), state)
-  except flax.errors.ScopeParamShapeError as e:  # Raised while tracing the first batch.
-    changes = ' and '.join(f'--set={key}={value!r}' for key, value in applied.items())
-    found = str(e).split(' (https://')[0].rstrip('.')
-    raise ValueError(f'The checkpoint of {workdir!r} does not fit the model '
-                     f'{"under " + changes if changes else "of its config"}: {found}.') from None
+  metrics = run.evaluate(jax.jit(run.eval_step_fn()), state)
   record = {'step': int(saved['step']), 'window': config.data.get('window'), 'metrics': metrics}
   if applied:
     record['overrides'] = applied

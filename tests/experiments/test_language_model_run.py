@@ -134,7 +134,8 @@ def test_evaluate_reproduces_the_run_and_applies_config_changes(config, tmp_path
   with pytest.raises(ValueError) as info:
     evaluate.evaluate(workdir, overrides=['model.channels=8'])
   assert_one_sentence(str(info.value), f"The checkpoint of '{workdir}' does not fit the model "
-                      "under --set=model.channels=8: ", 'shape (40, 8)', 'shape (40, 16)')
+                      "under --set=model.channels=8: params/CausalConv1D_0/Conv_0/bias is float32 "
+                      '(32,) in the checkpoint but float32 (16,) in the model.')  # filter and gate: 2 × 16
 
 
 def _sample_error(*flags) -> str:

@@ -1,0 +1,58 @@
+"""experiments.evaluate on a digits MLP run whose checkpoint holds drawn parameters: a `--set`
+that changes the model's parameters from the checkpoint's is refused in one sentence naming the
+first leaf that differs, and nothing is appended to evaluations.jsonl."""
+
+import json
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+
+from experiments import evaluate
+from experiments.configs import digits_mlp
+from tests.experiments import fake_runs
+from tests.messages import assert_one_sentence
+
+
+@pytest.fixture(scope='module')
+def mlp_run(tmp_path_factory, data_dir):
+  """A run of an MLP with layers of 16 and 10 units on the 64 digit pixels."""
+  config = digits_mlp.get_config()
+  config.data.data_dir = data_dir
+  config.model = ml_collections.ConfigDict({'name': 'mlp', 'features': (16, 10),
+                                            'dtype': 'float32'})
+  config.eval_batch_size = 120
+  return fake_runs.save_random_run(config, str(tmp_path_factory.mktemp('mlp_run')))
+
+
+def _refusal(workdir, override) -> str:
+  with pytest.raises(SystemExit) as info:
+    evaluate.run(workdir, overrides=[override])
+  message = info.value.code
+  assert isinstance(message, str) and message.startswith('error: '), message
+  assert not os.path.exists(os.path.join(workdir, evaluate.OUTPUT_FILE))
+  return message.removeprefix('error: ')
+
+
+@pytest.mark.parametrize('features, difference', [
+    # Dropping the output layer: the checkpoint's Dense_1 is left over.
+    ('(16,)', 'the model has no params/Dense_1/bias (float32 (10,) in the checkpoint)'),
+    # A third layer: the model's Dense_2 is not in the checkpoint.
+    ('(16, 10, 10)', 'the checkpoint has no params/Dense_2/bias (float32 (10,) in the model)'),
+    # Another width: Dense_0's kernel is 64 × 16 in the checkpoint.
+    ('(8, 10)', 'params/Dense_0/bias is float32 (16,) in the checkpoint but float32 (8,) in '
+                'the model'),
+])
+def test_a_model_that_does_not_fit_the_checkpoint_is_refused(mlp_run, features, difference):
+  assert_one_sentence(_refusal(mlp_run, f'model.features={features}'),
+                      f"The checkpoint of '{mlp_run}' does not fit the model under "
+                      f'--set=model.features={features}: {difference}.')
+
+
+def test_the_model_that_fits_is_evaluated_and_appended(mlp_run):
+  record = evaluate.run(mlp_run, overrides=['eval_batch_size=60'])
+  with open(os.path.join(mlp_run, evaluate.OUTPUT_FILE), encoding='utf-8') as f:
+    assert [json.loads(line) for line in f] == [json.loads(json.dumps(record))]
+  os.remove(os.path.join(mlp_run, evaluate.OUTPUT_FILE))
+  assert record['step'] == 2 and np.isfinite(record['metrics']['loss'])
