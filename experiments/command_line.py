@@ -179,10 +179,19 @@ def integers_at_least(values: list[str], flag: str, least: int = 1, why: str = '
 
 def output_file(path: str, flag: str, *, figure: bool = True) -> str:
   """`path`, given by `--flag`, checked as a file to write before any work is done, or
-  UsageError: it must not be a folder and, for a figure, must end in a format matplotlib
-  writes (its folder is made when the file is written)."""
+  UsageError: it must not be a folder, the nearest of its folders that exists must be a
+  writable folder (the missing ones are made when the file is written) and, for a figure, it
+  must end in a format matplotlib writes."""
   if os.path.isdir(path):
     raise app.UsageError(f'--{flag}={path} is a folder; give the file to write in it.')
+  existing = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise app.UsageError(f'--{flag}={path} cannot be written: {existing} is a file, not a folder.')
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise app.UsageError(f'--{flag}={path} cannot be written: permission denied on the folder '
+                         f'{existing}.')
   if figure:
     import matplotlib.figure  # pylint: disable=g-import-not-at-top
     formats = sorted(matplotlib.figure.Figure().canvas.get_supported_filetypes())

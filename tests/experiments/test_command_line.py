@@ -26,6 +26,32 @@ def test_a_folder_is_not_an_output_file(tmp_path):
                  f'--figure={tmp_path} is a folder', error=app.UsageError)
 
 
+@pytest.mark.parametrize('below', ['a.png', 'sub/dir/a.png'])
+def test_an_output_file_under_a_file_is_refused(tmp_path, below):
+  # The scripts made the folders and failed with FileExistsError after their work.
+  (tmp_path / 'notes.txt').write_text('kept')
+  path = str(tmp_path / 'notes.txt' / below)
+  for figure in (True, False):
+    one_sentence(lambda: command_line.output_file(path, 'output', figure=figure),
+                 f'--output={path} cannot be written: {tmp_path / "notes.txt"} is a file, not a '
+                 'folder.', error=app.UsageError)
+  assert (tmp_path / 'notes.txt').read_text() == 'kept'
+
+
+def test_an_output_file_under_a_folder_that_cannot_be_written_is_refused(tmp_path, monkeypatch):
+  locked = tmp_path / 'locked'
+  locked.mkdir()
+  # As root os.access allows everything, so the refusal of writes to `locked` is simulated.
+  access = os.access
+  monkeypatch.setattr(os, 'access', lambda p, mode: str(p) != str(locked) and access(p, mode))
+  for name in ('a.png', 'new/a.png'):
+    path = str(locked / name)
+    one_sentence(lambda: command_line.output_file(path, 'figure'),
+                 f'--figure={path} cannot be written: permission denied on the folder '
+                 f'{locked}.', error=app.UsageError)
+  assert command_line.output_file(str(tmp_path / 'a.png'), 'figure') == str(tmp_path / 'a.png')
+
+
 @pytest.mark.parametrize('name', ['a.pngg', 'a', 'a.txt'])
 def test_a_figure_must_end_in_a_format_matplotlib_writes(tmp_path, name):
   message = one_sentence(lambda: command_line.output_file(str(tmp_path / name), 'output'),
