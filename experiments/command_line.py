@@ -83,19 +83,25 @@ class ConfigFileParser(flags.ArgumentParser):
 def _add_unlisted_options(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
   """Adds to config.task and config.model each option that an override sets, that the config
   leaves out (at its default) and that the task or model it names takes, with the override's
-  value, so that config_flags can apply the override (e.g. --config.task.beta_end=0.01)."""
+  value, so that config_flags can apply the override (e.g. --config.task.beta_end=0.01); a
+  boolean option given without a value is added as True (--config.model.batch_norm) or False
+  (--noconfig.model.batch_norm), as absl reads those forms."""
   for path, arg in overrides.items():
     block, _, key = path.partition('.')
-    if (block not in ('task', 'model') or '=' not in arg or not re.fullmatch(r'\w+', key)
+    if (block not in ('task', 'model') or not re.fullmatch(r'\w+', key)
         or not isinstance(config.get(block), ml_collections.ConfigDict) or key in config[block]):
       continue
     name = overrides.get(f'{block}.name', '').partition('=')[2] or config[block].get('name')
-    if key in _options(block, name):
+    field = _options(block, name).get(key)
+    if field is not None and '=' in arg:
       config[block][key] = _literal(arg.partition('=')[2])
+    elif field is not None and (field.type in (bool, 'bool') or isinstance(field.default, bool)):
+      config[block][key] = not arg.lstrip('-').startswith('no')
 
 
-def _options(block: str, name) -> list[str]:
-  """The options of the task (block 'task') or model ('model') called `name`, else []."""
+def _options(block: str, name) -> dict[str, dataclasses.Field]:
+  """The options (name: dataclass field) of the task (block 'task') or model ('model') called
+  `name`, else {}."""
   # pylint: disable=g-import-not-at-top
   if block == 'task':
     from train import tasks
@@ -105,8 +111,8 @@ def _options(block: str, name) -> list[str]:
     cls, builder_given = registry.MODELS.get(name), ('parent', 'name', 'batch_norm_axis_name')
   cls = getattr(cls, 'func', cls)  # a preset given as functools.partial
   if cls is None or not dataclasses.is_dataclass(cls):
-    return []
-  return [f.name for f in dataclasses.fields(cls) if f.init and f.name not in builder_given]
+    return {}
+  return {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in builder_given}
 
 
 def _literal(text: str):
@@ -290,6 +296,11 @@ def _unknown_key(config: ml_collections.ConfigDict, path: str, arg: str) -> str 
         return (f'{sentence}; the {node.name} {kind} takes {name!r}, but the config leaves '
                 f'it out, so set it whole, e.g. --config.{parent}.{name}="{{\'{rest[0]}\': '
                 f'...}}".')
+      if name in _options(parent, node.name) and '=' not in arg:
+        # A value-less form of an option that is not boolean, e.g. --config.model.dropout_rate
+        # (or its value after a space): only the '=' form adds an option the config leaves out.
+        return (f'{sentence}; the {node.name} {kind} takes {name!r}, but the config leaves '
+                f'it out, so give its value after \'=\', e.g. --config.{path}=VALUE.')
       return (f'{sentence}; the {node.name} {kind} takes: '
               f'{", ".join(sorted(_options(parent, node.name)))}.')
     return f'{sentence}; every key and its default is in {_DEFAULTS}.'

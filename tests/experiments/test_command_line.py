@@ -61,6 +61,17 @@ def test_a_figure_must_end_in_a_format_matplotlib_writes(tmp_path, name):
   assert {'.png', '.pdf', '.svg'} <= set(formats) and '.pngg' not in formats and '.txt' not in formats
 
 
+def test_boolean_options_the_config_leaves_out_are_added_as_absl_reads_them():
+  from experiments.configs import digits_mlp  # pylint: disable=g-import-not-at-top
+  config = digits_mlp.get_config()
+  assert not {'batch_norm', 'layer_norm', 'residual'} & set(config.model)
+  argv = ['main', '--config.model.batch_norm', '--noconfig.model.layer_norm',
+          '--config.model.residual=false']
+  command_line._add_unlisted_options(config, command_line._overrides(argv))  # pylint: disable=protected-access
+  assert (config.model.batch_norm, config.model.layer_norm, config.model.residual) == (
+      True, False, False)
+
+
 def test_a_usage_error_from_main_is_one_error_line_without_the_usage(tmp_path):
   # absl's app.run prints the module's whole usage (docstring and flags) before the message.
   script = tmp_path / 'script.py'

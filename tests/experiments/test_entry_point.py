@@ -100,6 +100,24 @@ def test_a_key_inside_an_option_the_config_leaves_out_says_to_set_the_option_who
       'allowed: block, query_blocks.')
 
 
+def test_a_boolean_option_the_config_leaves_out_can_be_given_without_a_value(tmp_path):
+  # absl's --config.X and --noconfig.X forms; the first was refused with a list of options that
+  # named the very one given.
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--config.model.batch_norm',
+                '--config.model.layer_norm=True') == (
+      'error: MLP takes batch_norm or layer_norm, not both.')
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--noconfig.model.batch_norm',
+                '--config.model.layer_norm', '--config.num_train_steps=0') == (
+      'error: config.num_train_steps must be a positive integer, got 0.')
+  # An option of another type needs its value after '='.
+  gpt = 'experiments/configs/shakespeare_char_gpt.py'
+  assert _error(f'--config={gpt}', f'--workdir={tmp_path}', '--config.model.attention') == (
+      "error: --config.model.attention: config.model has no key 'attention'; the gpt model "
+      "takes 'attention', but the config leaves it out, so give its value after '=', e.g. "
+      '--config.model.attention=VALUE.')
+  assert not os.path.exists(tmp_path / 'checkpoints')
+
+
 def test_badly_typed_override(tmp_path):
   assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}',
                 '--config.num_train_steps=abc') == (
