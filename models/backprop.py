@@ -8,6 +8,11 @@ become, with every quantity stacked over the batch:
   backward  δ(L+1) = ∂C/∂z(L+1),  δ(l) = (δ(l+1) W(l+1)ᵀ) ⊙ φ'(z(l)),
   gradients ∂C/∂W(l) = x(l-1)ᵀ δ(l) = Σ_n x_n(l-1) δ_n(l)ᵀ,  ∂C/∂b(l) = Σ_n δ_n(l).
 
+With `residual=True` (as in `models.mlp.MLP(residual=True)`), a hidden layer whose
+input and output widths agree gives x(l) = x(l-1) + φ(z(l)), and its skip adds
+∂C/∂x(l) to ∂C/∂x(l-1):  δ(l) = (δ(l+1) W(l+1)ᵀ + s(l+1) ∂C/∂x(l+1)) ⊙ φ'(z(l)),
+with s(l+1) = 1 where layer l+1 has a skip and 0 elsewhere.
+
 The gates at the end show the modular forward/backward API of reverse-mode
 automatic differentiation (as `jax.custom_vjp` exposes it): a forward
 that caches what the backward needs, and a hand-written backward that
@@ -46,11 +51,18 @@ def layers_to_mlp_params(layers: Sequence[tuple[jnp.ndarray, jnp.ndarray]]) -> d
   return {'params': {f'Dense_{l}': {'kernel': w, 'bias': b} for l, (w, b) in enumerate(layers)}}
 
 
-def forward(layers: Layers, x_BxD: jnp.ndarray, activation: str | Callable = 'relu'
+def _has_skip(layers: Layers, l: int, residual: bool) -> bool:
+  """Whether layer l adds its input, as `MLP(residual=True)` does: a hidden layer of equal widths."""
+  w_DxH = layers[l][0]
+  return residual and l < len(layers) - 1 and w_DxH.shape[0] == w_DxH.shape[1]
+
+
+def forward(layers: Layers, x_BxD: jnp.ndarray, activation: str | Callable = 'relu', residual: bool = False
             ) -> tuple[list[jnp.ndarray], list[jnp.ndarray]]:
   """Forward pass z(l) = x(l-1) W(l) + b(l): returns the pre-activations z(l) and activations x(l).
 
-  `xs[0]` is the (flattened) input and `xs[-1] = zs[-1]` the linear output.
+  `xs[0]` is the (flattened) input and `xs[-1] = zs[-1]` the linear output. With
+  `residual`, a hidden layer of equal input and output widths gives x(l) = x(l-1) + φ(z(l)).
   """
   phi = activations.get(activation)
   xs = [x_BxD.reshape(x_BxD.shape[0], -1)]
@@ -58,12 +70,17 @@ def forward(layers: Layers, x_BxD: jnp.ndarray, activation: str | Callable = 're
   for l, (w_DxH, b_H) in enumerate(layers):
     z_BxH = xs[-1] @ w_DxH + b_H
     zs.append(z_BxH)
-    xs.append(z_BxH if l == len(layers) - 1 else phi(z_BxH))
+    if l == len(layers) - 1:
+      xs.append(z_BxH)
+    elif _has_skip(layers, l, residual):
+      xs.append(xs[-1] + phi(z_BxH))
+    else:
+      xs.append(phi(z_BxH))
   return zs, xs
 
 
 def backward(layers: Layers, zs: Sequence[jnp.ndarray], xs: Sequence[jnp.ndarray], delta_out_BxK: jnp.ndarray,
-             activation: str | Callable = 'relu') -> Layers:
+             activation: str | Callable = 'relu', residual: bool = False) -> Layers:
   """Backward pass (Rumelhart et al. 1986): δ(l) = (W(l+1) δ(l+1)) ⊙ φ'(z(l)).
 
   Args:
@@ -71,18 +88,25 @@ def backward(layers: Layers, zs: Sequence[jnp.ndarray], xs: Sequence[jnp.ndarray
     zs, xs: the output of `forward`.
     delta_out_BxK: δ(L+1) = ∂C/∂z(L+1), one row per example.
     activation: the φ of the forward pass.
+    residual: the `residual` of the forward pass; a layer with a skip passes
+      ∂C/∂x(l) on to ∂C/∂x(l-1) besides δ(l) W(l)ᵀ.
 
   Returns:
     [(∂C/∂W(l), ∂C/∂b(l))] in the order of `layers`.
   """
   phi_prime = activations.derivative(activation)
   delta = delta_out_BxK
+  grad_x = None  # ∂C/∂x(l), the gradient with respect to the output of layer l
   grads = []
   for l in reversed(range(len(layers))):
     grads.append((xs[l].T @ delta, jnp.sum(delta, axis=0)))
     if l > 0:
       w_DxH = layers[l][0]
-      delta = (delta @ w_DxH.T) * phi_prime(zs[l - 1])
+      grad_input = delta @ w_DxH.T
+      if _has_skip(layers, l, residual):
+        grad_input = grad_input + grad_x
+      grad_x = grad_input
+      delta = grad_input * phi_prime(zs[l - 1])
   return grads[::-1]
 
 
@@ -96,6 +120,7 @@ def output_delta(output_BxK: jnp.ndarray, targets: jnp.ndarray, loss: str) -> tu
   """
   batch = output_BxK.shape[0]
   if loss == 'squared_error':
+    losses._check_same_shape(output_BxK, targets)
     residual_BxK = targets - output_BxK
     return jnp.mean(jnp.sum(residual_BxK**2, axis=-1)), -2 * residual_BxK / batch
   if loss == 'cross_entropy':
@@ -106,26 +131,29 @@ def output_delta(output_BxK: jnp.ndarray, targets: jnp.ndarray, loss: str) -> tu
 
 
 def value_and_grad(params: Mapping[str, Any] | Layers, x_BxD: jnp.ndarray, targets: jnp.ndarray, *,
-                   activation: str | Callable = 'relu', loss: str = 'squared_error') -> tuple[jnp.ndarray, Any]:
+                   activation: str | Callable = 'relu', loss: str = 'squared_error',
+                   residual: bool = False) -> tuple[jnp.ndarray, Any]:
   """Cost and its gradient by back-propagation, like `jax.value_and_grad` of the MLP loss.
 
   Args:
-    params: `models.mlp.MLP` variables (plain MLP: no normalisation, dropout
-      or residual), their 'params' entry, or a list of (W, b).
+    params: `models.mlp.MLP` variables (no normalisation or dropout), their
+      'params' entry, or a list of (W, b).
     x_BxD: inputs; trailing axes are flattened as the MLP does.
     targets: regression targets (B, K) for 'squared_error', integer labels (B,)
       for 'cross_entropy'.
     activation: the MLP's hidden activation.
     loss: one of `LOSSES` (see `output_delta`).
+    residual: the MLP's `residual` option, which must match it: its parameters
+      are named alike either way, so they cannot tell.
 
   Returns:
     (C, grads) with grads in the structure of `params`.
   """
   is_mapping = isinstance(params, Mapping)
   layers = layers_from_mlp_params(params) if is_mapping else list(params)
-  zs, xs = forward(layers, x_BxD, activation)
+  zs, xs = forward(layers, x_BxD, activation, residual)
   cost, delta_out_BxK = output_delta(xs[-1], targets, loss)
-  grads = backward(layers, zs, xs, delta_out_BxK, activation)
+  grads = backward(layers, zs, xs, delta_out_BxK, activation, residual)
   if not is_mapping:
     return cost, grads
   tree = layers_to_mlp_params(grads)

@@ -14,7 +14,8 @@ class MLP(nn.Module):
 
   A hidden layer is Dense → normalisation (optional) → φ → dropout (optional).
   The parameters are always named `Dense_0 … Dense_L` (plus `BatchNorm_l` or
-  `LayerNorm_l`), whatever the options, so `models.backprop` can read them.
+  `LayerNorm_l`), whatever the options, so `models.backprop` can read them (given
+  the same `activation` and `residual`, which the names do not record).
 
   Attributes:
     features: widths of every layer, the last one being the output size.

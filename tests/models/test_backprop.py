@@ -10,6 +10,7 @@ from models import activations
 from models import backprop
 from models import losses
 from models.mlp import MLP
+from tests.messages import one_sentence
 
 # Both sides run in float32; the gradients are O(1).
 GRAD_TOL = dict(rtol=1e-4, atol=2e-6)
@@ -57,6 +58,45 @@ def test_backprop_equals_autodiff_on_mlp_params(hidden, activation, loss):
   np.testing.assert_allclose(got_cost, expected_cost, rtol=1e-6)
   assert jax.tree.structure(got) == jax.tree.structure(expected)
   jax.tree.map(lambda g, e: np.testing.assert_allclose(g, e, **GRAD_TOL), got, expected)
+
+
+@pytest.mark.parametrize('loss', backprop.LOSSES)
+@pytest.mark.parametrize('activation', ['relu', 'tanh'])
+def test_backprop_of_a_residual_mlp_equals_autodiff(activation, loss):
+  # Skips around 4 → 4, 4 → 4 and 6 → 6; none around 4 → 6 or the 6 → 6 output layer.
+  batch, dim, out = 5, 4, 6
+  features = (4, 4, 6, 6, out)
+  mlp = MLP(features, activation=activation, residual=True)
+  rng = np.random.default_rng(11)
+  x_BxD = jnp.asarray(rng.normal(size=(batch, dim)), jnp.float32)
+  variables = mlp.init(jax.random.key(0), x_BxD)
+  # Random biases, so that the ReLUs are not all active at once.
+  variables = jax.tree.map(lambda p: p + jnp.asarray(rng.normal(size=p.shape) * 0.3, p.dtype), variables)
+  if loss == 'squared_error':
+    targets = jnp.asarray(rng.normal(size=(batch, out)), jnp.float32)
+  else:
+    targets = jnp.asarray(rng.integers(0, out, size=batch))
+
+  def cost(v):
+    y = mlp.apply(v, x_BxD)
+    if loss == 'squared_error':
+      return jnp.mean(jnp.sum((targets - y) ** 2, axis=-1))
+    return jnp.mean(losses.cross_entropy(y, targets))
+
+  expected_cost, expected = jax.jit(jax.value_and_grad(cost))(variables)
+  manual = jax.jit(lambda v: backprop.value_and_grad(v, x_BxD, targets, activation=activation, loss=loss,
+                                                     residual=True))
+  got_cost, got = manual(variables)
+  np.testing.assert_allclose(got_cost, expected_cost, rtol=1e-6)
+  assert jax.tree.structure(got) == jax.tree.structure(expected)
+  jax.tree.map(lambda g, e: np.testing.assert_allclose(g, e, **GRAD_TOL), got, expected)
+
+
+def test_squared_error_targets_of_another_shape_than_the_output_are_refused():
+  layers = _random_layers((2, 3, 1), 0)
+  # Targets (B,) against outputs (B, 1) would broadcast to (B, B).
+  one_sentence(lambda: backprop.value_and_grad(layers, jnp.ones((4, 2)), jnp.ones(4)), '(4, 1)', '(4,)')
+  one_sentence(lambda: backprop.output_delta(jnp.ones((4, 1)), jnp.ones(4), 'squared_error'), '(4, 1)', '(4,)')
 
 
 def test_backprop_on_plain_layer_lists_follows_the_seed_single_example_formulas():
