@@ -56,28 +56,46 @@ def softmax_cross_entropy(logits_BxC: jnp.ndarray, targets_BxC: jnp.ndarray,
   """Cross-entropy CE(p, q) = -Σ_i p_i log q_i with q = softmax(logits) and p = targets.
 
   Targets are one-hot vectors or any distributions; label smoothing ε replaces
-  them by (1 - ε)·p + ε/C.
+  them by (1 - ε)·p + ε/C. A class with p_i = 0 adds 0 (0 log 0 = 0), even
+  where its logit is -∞.
   """
   _check_same_shape(logits_BxC, targets_BxC)
   _check_unit_interval('label_smoothing', label_smoothing)
   num_classes = logits_BxC.shape[-1]
   p_BxC = (1 - label_smoothing) * targets_BxC + label_smoothing / num_classes
-  return -jnp.sum(p_BxC * jax.nn.log_softmax(logits_BxC, axis=-1), axis=-1)
+  log_q_BxC = jax.nn.log_softmax(logits_BxC, axis=-1)
+  return -jnp.sum(p_BxC * jnp.where(p_BxC == 0, 0, log_q_BxC), axis=-1)
 
 
 def cross_entropy(logits_BxC: jnp.ndarray, labels_B: jnp.ndarray, label_smoothing: float = 0.0) -> jnp.ndarray:
   """Cross-entropy with integer labels: -log q_y when p is hot on y, per example.
 
   With label smoothing ε the target is (1 - ε)·onehot(y) + ε/C, so the loss is
-  logsumexp(z) - (1 - ε)·z_y - ε·mean(z). Labels must lie in [0, C).
+  logsumexp(z) - (1 - ε)·z_y - ε·mean(z); a term whose weight is a Python 0 is
+  left out (0 log 0 = 0), so a logit of -∞ outside the target gives no NaN.
+  Labels must lie in [0, C): concrete labels outside are refused; traced ones
+  (under `jax.jit`) give NaN for their example, so masked positions need labels
+  in range even when their weight is 0.
   """
   if labels_B.shape != logits_BxC.shape[:-1]:
     raise ValueError(f'Labels of shape {labels_B.shape} do not match logits of shape {logits_BxC.shape}; '
                      'expected one integer label per row of logits.')
   _check_unit_interval('label_smoothing', label_smoothing)
-  log_normaliser_B = jax.nn.logsumexp(logits_BxC, axis=-1)
-  z_y_B = jnp.take_along_axis(logits_BxC, labels_B[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  return log_normaliser_B - (1 - label_smoothing) * z_y_B - label_smoothing * jnp.mean(logits_BxC, axis=-1)
+  num_classes = logits_BxC.shape[-1]
+  if not isinstance(labels_B, jax.core.Tracer) and labels_B.size:
+    labels = np.asarray(labels_B)
+    outside = labels[(labels < 0) | (labels >= num_classes)]
+    if outside.size:
+      raise ValueError(f'Labels must lie in [0, {num_classes}) for {num_classes} classes, got {outside[0]}.')
+  labels_B = labels_B.astype(jnp.int32)
+  in_range_B = (labels_B >= 0) & (labels_B < num_classes)
+  z_y_B = jnp.take_along_axis(logits_BxC, jnp.where(in_range_B, labels_B, 0)[..., None], axis=-1)[..., 0]
+  loss_B = jax.nn.logsumexp(logits_BxC, axis=-1)
+  if not (isinstance(label_smoothing, (int, float)) and label_smoothing == 1):
+    loss_B = loss_B - (1 - label_smoothing) * z_y_B
+  if not (isinstance(label_smoothing, (int, float)) and label_smoothing == 0):
+    loss_B = loss_B - label_smoothing * jnp.mean(logits_BxC, axis=-1)
+  return jnp.where(in_range_B, loss_B, jnp.nan)
 
 
 def entropy(p_BxC: jnp.ndarray) -> jnp.ndarray:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from models import losses
+from tests.messages import one_sentence
 
 B, C = 8, 6
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -177,6 +178,49 @@ def test_extreme_logits_give_finite_values_and_gradients(loss, smoothing):
   if loss != 'binary_cross_entropy_with_logits' and smoothing == 0:
     # Row 0 puts all mass on class 0 but the label is 1: the loss is the logit gap z_0 - z_1.
     np.testing.assert_allclose(values[0], 2e4, rtol=1e-6)
+
+
+@pytest.mark.parametrize('jit', [False, True])
+def test_a_minus_infinite_logit_outside_the_target_scores_zero_probability(jit):
+  # Class 1 is impossible (logit -∞); 0 · log 0 = 0 for the examples not labelled 1.
+  logits = np.array([[2.0, -np.inf, 0.5, -1.0], [0.0, -np.inf, 3.0, 1.0]], np.float32)
+  labels = np.array([0, 3])
+  z = logits.astype(np.float64)
+  log_softmax = z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+  expected = -log_softmax[np.arange(2), labels]
+  grad_expected = np.exp(log_softmax) - np.eye(4)[labels]
+  one_hot = jax.nn.one_hot(labels, 4)
+  wrap = jax.jit if jit else lambda fn: fn
+  for fn in (wrap(lambda z: losses.cross_entropy(z, jnp.asarray(labels))),
+             wrap(lambda z: losses.softmax_cross_entropy(z, one_hot))):
+    np.testing.assert_allclose(fn(jnp.asarray(logits)), expected, **TOL)
+    np.testing.assert_allclose(jax.grad(lambda z: jnp.sum(fn(z)))(jnp.asarray(logits)), grad_expected, **TOL)
+
+
+def test_a_minus_infinite_logit_inside_the_target_gives_infinite_loss():
+  # -log q = +∞ when the target puts mass on a class of probability 0.
+  logits = jnp.array([[2.0, -jnp.inf, 0.5]])
+  for labels, smoothing in [([1], 0.0), ([0], 0.1), ([1], 1.0), ([0], 1.0)]:
+    labels = jnp.asarray(labels)
+    assert losses.cross_entropy(logits, labels, smoothing)[0] == np.inf, (labels, smoothing)
+    assert losses.softmax_cross_entropy(logits, jax.nn.one_hot(labels, 3), smoothing)[0] == np.inf
+
+
+@pytest.mark.parametrize('label', [-1, C, C + 5])
+def test_concrete_labels_outside_the_classes_are_refused(label):
+  labels = jnp.array([0, label, 2])
+  one_sentence(lambda: losses.cross_entropy(jnp.zeros((3, C)), labels), f'[0, {C})', f'got {label}')
+  one_sentence(lambda: losses.cross_entropy(jnp.zeros((3, C)), np.asarray(labels)), f'[0, {C})', f'got {label}')
+
+
+def test_traced_labels_outside_the_classes_give_nan_for_their_example_only():
+  logits = jnp.asarray(np.random.default_rng(3).normal(size=(4, C)), jnp.float32)
+  labels = jnp.array([1, -1, C, 0])
+  got = np.asarray(cross_entropy(logits, labels, 0.0))
+  assert np.isnan(got[1]) and np.isnan(got[2]), got
+  z = np.asarray(logits, np.float64)
+  log_q = z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+  np.testing.assert_allclose(got[[0, 3]], [-log_q[0, 1], -log_q[3, 0]], **TOL)
 
 
 # Regression losses.
