@@ -69,14 +69,20 @@ def tanh_derivative(x: jnp.ndarray) -> jnp.ndarray:
   return 1 - jnp.tanh(x) ** 2
 
 
+def _float_dtype(x: jnp.ndarray):
+  """The dtype of x if inexact (bfloat16 stays bfloat16), else float32."""
+  dtype = jnp.result_type(x)
+  return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float32
+
+
 def relu_derivative(x: jnp.ndarray) -> jnp.ndarray:
   """1 for x > 0, else 0 (ReLU); 0 at the kink, as `jax.grad` uses."""
-  return (x > 0).astype(jnp.result_type(x, jnp.float32))
+  return (x > 0).astype(_float_dtype(x))
 
 
 def leaky_relu_derivative(x: jnp.ndarray, alpha: float = LEAKY_RELU_ALPHA) -> jnp.ndarray:
   """1 for x ≥ 0, else α (leaky ReLU); 1 at the kink, as `jax.grad` uses."""
-  return jnp.where(x >= 0, 1.0, alpha).astype(jnp.result_type(x, jnp.float32))
+  return jnp.where(x >= 0, 1.0, alpha).astype(_float_dtype(x))
 
 
 def gelu_derivative(x: jnp.ndarray) -> jnp.ndarray:
@@ -131,18 +137,23 @@ _WITH_PARAMETER = re.compile(r'(\w+)\(([^()]*)\)')
 MAXOUT = 'maxout'
 
 
+def _allowed_names() -> str:
+  return (f'{", ".join(sorted(ACTIVATIONS))}, {", ".join(f"{n}(α)" for n in sorted(_PARAMETERS))}, '
+          f'or {MAXOUT}(k) in an MLP')
+
+
 def parse(name: str) -> tuple[str, dict[str, float]]:
   """'leaky_relu(0.2)' → ('leaky_relu', {'alpha': 0.2}); 'relu' → ('relu', {}).
 
-  Raises a ValueError naming the activation and what is allowed when the name is unknown or
-  its parameter is not allowed.
+  Raises a ValueError naming the activation and what is allowed when it is not a string, the
+  name is unknown or its parameter is not allowed.
   """
+  if not isinstance(name, str):
+    raise ValueError(f'An activation is a name or a callable, got {name!r}; the names: {_allowed_names()}.')
   match = _WITH_PARAMETER.fullmatch(name.replace(' ', ''))
   base, value = match.groups() if match else (name, None)
   if base not in ACTIVATIONS:
-    raise ValueError(f'Unknown activation {name!r}; allowed: {", ".join(sorted(ACTIVATIONS))}, '
-                     f'{", ".join(f"{n}(α)" for n in sorted(_PARAMETERS))}, or {MAXOUT}(k) in '
-                     f'an MLP.')
+    raise ValueError(f'Unknown activation {name!r}; allowed: {_allowed_names()}.')
   if value is None:
     return base, {}
   if base not in _PARAMETERS:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from models import activations
+from tests.messages import one_sentence
 
 # float32 evaluation compared with float64 references.
 RTOL, ATOL = 1e-6, 1e-6
@@ -146,3 +147,28 @@ def test_unknown_name_is_rejected():
     activations.get('swish')
   with pytest.raises(ValueError, match="'swish'"):
     activations.derivative('swish')
+
+
+@pytest.mark.parametrize('name', sorted(activations.DERIVATIVES))
+@pytest.mark.parametrize('dtype', [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_derivatives_keep_the_float_input_dtype(name, dtype):
+  x = jnp.asarray(np.array([-3.0, -1.0, 0.5, 2.0]), dtype)
+  got = activations.derivative(name)(x)
+  assert got.dtype == dtype, (name, got.dtype)
+  # The values are those of the float32 derivative, rounded to the input dtype.
+  expected = activations.derivative(name)(x.astype(jnp.float32))
+  np.testing.assert_allclose(np.asarray(got, np.float32), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize('name', ['relu', 'leaky_relu'])
+def test_relu_derivatives_of_integers_are_float32(name):
+  got = activations.derivative(name)(jnp.array([-2, 0, 3]))
+  assert got.dtype == jnp.float32
+  np.testing.assert_array_equal(got, np.float32([0, 0, 1] if name == 'relu' else [0.01, 1, 1]))
+
+
+@pytest.mark.parametrize('value', [None, 5, ('relu',)])
+def test_an_activation_neither_a_name_nor_a_callable_is_refused_in_one_sentence(value):
+  for fn in (activations.get, activations.derivative, activations.parse):
+    message = one_sentence(lambda: fn(value), repr(value), 'relu', 'leaky_relu(α)')
+    assert 'name or a callable' in message
