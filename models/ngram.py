@@ -109,7 +109,7 @@ class NGramModel:
       vocab_size: V, the number of ids a prediction ranges over.
       order: n ≥ 1.
       smoothing: 'kneser_ney' or 'add_k'.
-      add_k: k ≥ 0 of add-k smoothing.
+      add_k: finite k ≥ 0 of add-k smoothing.
       discount: D in [0, 1] of Kneser–Ney at every level, or None to estimate
         it per level as n₁ / (n₁ + 2 n₂).
     """
@@ -125,8 +125,8 @@ class NGramModel:
     if tokens.ndim != 1 or len(tokens) == 0 or tokens.min() < 0 or tokens.max() >= vocab_size:
       raise ValueError(f'The training tokens must be a non-empty 1-D array of ids in '
                        f'[0, {vocab_size}).')
-    if not add_k >= 0:  # NaN too
-      raise ValueError(f'add_k must be at least 0, not {add_k}.')
+    if not 0 <= add_k < np.inf:  # NaN too
+      raise ValueError(f'add_k must be a finite number of at least 0, not {add_k}.')
     if discount is not None and not 0 <= discount <= 1:
       raise ValueError(f'The Kneser–Ney discount must lie in [0, 1] to keep each distribution '
                        f'normalised, not {discount}.')

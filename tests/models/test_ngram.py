@@ -207,6 +207,7 @@ def test_kneser_ney_beats_add_one_on_held_out_text():
     (dict(order=2, discount=1.5), ['discount', '1.5']),
     (dict(order=2, add_k=-1.0), ['add_k', '-1.0']),
     (dict(order=2, add_k=float('nan')), ['add_k', 'nan']),
+    (dict(order=2, add_k=float('inf')), ['add_k', 'finite', 'inf']),
     (dict(order=11, vocab_size=65), ['65', '11', 'at most 10']),
 ])
 def test_bad_options_are_refused_in_one_sentence(options, parts):
