@@ -17,8 +17,15 @@ import jax.numpy as jnp
 
 
 def rbf_kernel(x_NxD: jnp.ndarray, y_MxD: jnp.ndarray, gamma: float) -> jnp.ndarray:
-  """k(x, y) = exp(-γ‖x - y‖²) for every pair of rows, shape N × M."""
+  """k(x, y) = exp(-γ‖x - y‖²) for every pair of rows, shape N × M.
+
+  ‖x - y‖² is expanded as ‖x‖² + ‖y‖² - 2xᵀy after moving both sets so that x's mean
+  is the origin: distances do not change, and the expansion no longer cancels the
+  large norms of data far from the origin.
+  """
   _check_gamma(gamma)
+  centre_D = jnp.mean(x_NxD, axis=0)
+  x_NxD, y_MxD = x_NxD - centre_D, y_MxD - centre_D
   sq_dist_NxM = (jnp.sum(x_NxD**2, axis=1)[:, None] + jnp.sum(y_MxD**2, axis=1)[None, :]
                  - 2 * x_NxD @ y_MxD.T)
   # Rounding can make the expanded squared distance slightly negative.

@@ -26,6 +26,19 @@ def test_rbf_kernel_equals_pairwise_loop():
   np.testing.assert_allclose(np.diag(rff.rbf_kernel(x, x, GAMMA)), 1.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize('gamma', [1.0, 0.05])
+def test_rbf_kernel_of_data_far_from_the_origin_equals_direct_distances(gamma):
+  # N(0, 1) + 300 in 20 dimensions: ‖x‖² ≈ 1.8e6 while ‖x - y‖² ≈ 40.
+  rng = np.random.default_rng(4)
+  x = (rng.normal(size=(30, 20)) + 300).astype(np.float32)
+  y = (rng.normal(size=(25, 20)) + 300).astype(np.float32)
+  got = np.asarray(rff.rbf_kernel(jnp.asarray(x), jnp.asarray(y), gamma))
+  x64, y64 = x.astype(np.float64), y.astype(np.float64)
+  expected = np.exp(-gamma * ((x64[:, None] - y64[None]) ** 2).sum(-1))
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.diag(rff.rbf_kernel(jnp.asarray(x), jnp.asarray(x), gamma)), 1.0, rtol=1e-5)
+
+
 def _mean_abs_errors(x, num_features):
   exact = rff.rbf_kernel(x, x, GAMMA)
 
