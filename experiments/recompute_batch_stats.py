@@ -9,8 +9,9 @@ run kept one), replaces the running averages of every BatchNorm layer by the exa
 population statistics of the training split (`train.batch_stats`; the inputs
 preprocessed as in evaluation: the task's transform without augmentation),
 evaluates the eval split with the run's own evaluation code under both, prints both
-and writes them to `<workdir>/batch_stats_recomputed.json`. Nothing else in the work
-directory changes: the checkpoints keep their running averages.
+and appends them, with the options of the call, as one line to
+`<workdir>/batch_stats_recomputed.jsonl`. Nothing else in the work directory changes: the
+checkpoints keep their running averages.
 """
 
 import functools
@@ -24,14 +25,14 @@ from absl import logging
 
 FLAGS = flags.FLAGS
 
-OUTPUT_FILE = 'batch_stats_recomputed.json'
+OUTPUT_FILE = 'batch_stats_recomputed.jsonl'
 
 
 def recompute(workdir: str, *, examples: int | None = None, max_passes: int | None = None,
               batch_size: int | None = None) -> dict:
-  """The record written to `<workdir>/batch_stats_recomputed.json` (before and after metrics,
-  passes, changes). Bad inputs raise ValueError/FileNotFoundError in one sentence before
-  anything is compiled."""
+  """The record appended to `<workdir>/batch_stats_recomputed.jsonl`: the options as given (None
+  for a default), the batch size used, the before and after metrics, passes and changes. Bad
+  inputs raise ValueError/FileNotFoundError in one sentence before anything is compiled."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from data import pipeline  # pylint: disable=g-import-not-at-top
@@ -82,25 +83,25 @@ def recompute(workdir: str, *, examples: int | None = None, max_passes: int | No
       method=task.method, max_passes=max_passes, max_examples=examples)
   state = state.replace(model_state={**state.model_state, batch_stats.COLLECTION: new_stats})
   after = run.evaluate(eval_step, state)
-  return {'checkpoint_step': int(saved['step']), 'train_examples': info['examples'],
-          'passes': info['passes'], 'converged': info['converged'],
-          'largest_change_per_pass': info['changes'], 'batch_norm_layers': len(info['layers']),
-          'before': before, 'after': after}
+  return {'options': {'examples': examples, 'max_passes': max_passes, 'batch_size': batch_size},
+          'batch_size': size, 'checkpoint_step': int(saved['step']),
+          'train_examples': info['examples'], 'passes': info['passes'],
+          'converged': info['converged'], 'largest_change_per_pass': info['changes'],
+          'batch_norm_layers': len(info['layers']), 'before': before, 'after': after}
 
 
 def write_record(workdir: str, record: dict) -> str:
-  """Writes `record` to `<workdir>/batch_stats_recomputed.json` (atomically); returns the path."""
+  """Appends `record` as one line to `<workdir>/batch_stats_recomputed.jsonl`; returns the
+  path."""
   path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(record, f, indent=1, sort_keys=True)
-    f.write('\n')
-  os.replace(path + '.tmp', path)
+  with open(path, 'a', encoding='utf-8') as f:
+    f.write(json.dumps(record, sort_keys=True) + '\n')
   return path
 
 
 def run(workdir: str | None, *, examples: int | None = None, max_passes: int | None = None,
         batch_size: int | None = None) -> dict:
-  """The command: recomputes, prints both metric sets and writes the record; a bad input
+  """The command: recomputes, prints both metric sets and appends the record; a bad input
   exits with status 1 and one sentence."""
   try:
     if not workdir:
@@ -113,7 +114,7 @@ def run(workdir: str | None, *, examples: int | None = None, max_passes: int | N
   path = write_record(workdir, record)
   exactness = 'exact' if record['converged'] else 'not converged: raise --max_passes'
   print(f'(step {record["checkpoint_step"]}; {record["train_examples"]} training examples, '
-        f'{record["passes"]} passes, {exactness}; written to {path})', file=sys.stderr)
+        f'{record["passes"]} passes, {exactness}; appended to {path})', file=sys.stderr)
   return record
 
 

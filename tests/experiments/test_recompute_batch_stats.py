@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 
 import jax
 import ml_collections
@@ -73,8 +74,9 @@ def test_writes_before_and_after_and_leaves_the_run_as_it_was(trained_run, capsy
   assert set(after_files) == set(before_files) | {script.OUTPUT_FILE}
   assert {p: after_files[p] for p in before_files} == before_files  # checkpoints byte-identical
   with open(os.path.join(trained_run, script.OUTPUT_FILE), encoding='utf-8') as f:
-    written = json.load(f)
+    [written] = [json.loads(line) for line in f]
   assert written == json.loads(json.dumps(record))
+  assert written['options'] == {'examples': 300, 'max_passes': None, 'batch_size': 64}
   for when in ('before', 'after'):
     assert set(written[when]) == {'accuracy', 'loss'}
     assert all(math.isfinite(v) for v in written[when].values())
@@ -114,6 +116,25 @@ def test_writes_before_and_after_and_leaves_the_run_as_it_was(trained_run, capsy
   for when in ('before', 'after'):
     assert written[when]['accuracy'] == pytest.approx(expected[when]['accuracy'], abs=1e-6)
     assert written[when]['loss'] == pytest.approx(expected[when]['loss'], rel=1e-6)
+
+
+def test_each_call_appends_its_record_with_its_options(trained_run, tmp_path):
+  # A copy of the run, holding the single record an earlier version wrote, which stays as it is.
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(trained_run, workdir, ignore=shutil.ignore_patterns('batch_stats_recomputed*'))
+  old = os.path.join(workdir, 'batch_stats_recomputed.json')
+  with open(old, 'w', encoding='utf-8') as f:
+    f.write('{"train_examples": 1}\n')
+  first = script.run(workdir, examples=100, max_passes=1)
+  second = script.run(workdir, examples=200, batch_size=50)
+  with open(os.path.join(workdir, 'batch_stats_recomputed.jsonl'), encoding='utf-8') as f:
+    records = [json.loads(line) for line in f]
+  assert records == json.loads(json.dumps([first, second]))
+  assert [(r['options'], r['batch_size'], r['train_examples'], r['passes']) for r in records] == [
+      ({'examples': 100, 'max_passes': 1, 'batch_size': None}, 120, 100, 1),
+      ({'examples': 200, 'max_passes': None, 'batch_size': 50}, 50, 200, records[1]['passes'])]
+  with open(old, encoding='utf-8') as f:
+    assert f.read() == '{"train_examples": 1}\n'
 
 
 def test_the_statistics_come_from_the_first_training_examples_as_evaluated(trained_run,
