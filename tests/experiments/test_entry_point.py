@@ -93,9 +93,17 @@ def test_a_key_inside_an_option_the_config_leaves_out_says_to_set_the_option_who
       "error: --config.model.attention_options.block: config.model has no key "
       "'attention_options'; the gpt model takes 'attention_options', but the config leaves it "
       "out, so set it whole, e.g. --config.model.attention_options=\"{'block': ...}\".")
-  # Set whole, the option reaches the model, whose own check names what it takes.
-  assert _error(f'--config={gpt}', f'--workdir={tmp_path}', '--config.model.attention=local',
-                "--config.model.attention_options={'block_size': 32}") == (
+  # Set whole, the option reaches the model, whose own check names what it takes (after the
+  # data, which sets the vocabulary: a small input.txt stands in for Tiny Shakespeare).
+  import data  # pylint: disable=g-import-not-at-top
+  source = tmp_path / 'text'
+  source.mkdir()
+  (source / 'input.txt').write_text('ROMEO:\nTo be, or not to be, that is the question.\n' * 50)
+  data.load('tiny_shakespeare', 'train', data_dir=str(tmp_path / 'data'), source_dir=str(source))
+  assert _error(f'--config={gpt}', f'--workdir={tmp_path / "w"}', '--config.model.attention=local',
+                "--config.model.attention_options={'block_size': 32}",
+                f'--config.data.data_dir={tmp_path / "data"}',
+                f'--config.data.options={{"source_dir": "{source}"}}') == (
       "error: GPT attention_options has 'block_size', which attention='local' does not take; "
       'allowed: block, query_blocks.')
 
