@@ -5,10 +5,12 @@ Three modes:
   auto    (default) join a run when a coordinator is given (argument or
           JAX_COORDINATOR_ADDRESS), else when JAX recognises a cluster job of
           more than one process (SLURM, Open MPI, Cloud TPU, ...), which then
-          supplies the coordinator, process count and process id; else run alone.
+          supplies the coordinator, process count and process id; else run alone,
+          refusing a process count other than 1 or a process id other than 0.
   manual  join the run named by the coordinator, process count and process id
           (arguments, else JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
-  off     run alone, whatever the environment says.
+  off     run alone, whatever the environment says; refuses a coordinator, a
+          process count other than 1 or a process id other than 0 given as arguments.
 
 Under SLURM, JAX takes the coordinator's host from the first node of
 SLURM_STEP_NODELIST and its port from SLURM_JOB_ID unless JAX_COORDINATOR_PORT is set.
@@ -42,13 +44,23 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   Raises:
     ValueError: an unknown mode; a manual run without a coordinator, with a
       coordinator that is not HOST:PORT, a process count below 1 or a process id
-      outside [0, num_processes) (flag or environment variable); a cluster job
+      outside [0, num_processes) (flag or environment variable); in auto mode
+      without a coordinator or cluster job, a process count other than 1 or a
+      process id other than 0 (flag or environment variable); in off mode, a
+      coordinator, count or id of that kind given as an argument; a cluster job
       with a JAX_COORDINATOR_PORT outside 1..65535; or a run that could not be
       joined (the coordinator's port in use, or the coordinator unreachable).
   """
   if mode not in MODES:
     raise ValueError(f'Unknown distributed mode {mode!r}; allowed: {", ".join(MODES)}.')
   if mode == 'off':
+    # experiments/main.py defaults --coordinator_address to the variable, which off ignores.
+    if coordinator_address and coordinator_address != os.environ.get('JAX_COORDINATOR_ADDRESS'):
+      raise ValueError(f'--coordinator_address={coordinator_address} contradicts '
+                       '--distributed=off, which runs alone.')
+    given = _several_processes(num_processes, process_id, environment=False)
+    if given:
+      raise ValueError(f'{given} contradicts --distributed=off, which runs alone.')
     return None
   coordinator_address = coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS')
   if coordinator_address:
@@ -59,6 +71,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                      'JAX_COORDINATOR_ADDRESS), --num_processes and --process_id.')
   cluster = detected_cluster()
   if cluster is None:
+    given = _several_processes(num_processes, process_id, environment=True)
+    if given:
+      raise ValueError(f'{given} needs --coordinator_address=HOST:PORT (or '
+                       'JAX_COORDINATOR_ADDRESS) to join a multi-process run.')
     return None
   port = os.environ.get('JAX_COORDINATOR_PORT')
   if port is not None and not _valid_port(port):
@@ -129,6 +145,25 @@ def _join_manual(coordinator_address: str, num_processes: int | None,
     raise ValueError(f'Could not join the multi-process run at {coordinator_address} as '
                      f'process {process_id} of {num_processes}: the port may be in use or the '
                      'coordinator unreachable.') from e
+
+
+def _several_processes(num_processes: int | str | None, process_id: int | str | None, *,
+                       environment: bool) -> str | None:
+  """'NAME=VALUE' of the first of a process count other than 1 and a process id other than 0
+  given as an argument, else (if `environment`) as JAX_NUM_PROCESSES or JAX_PROCESS_ID;
+  None if none is."""
+  for argument, flag, variable, alone in (
+      (num_processes, '--num_processes', 'JAX_NUM_PROCESSES', 1),
+      (process_id, '--process_id', 'JAX_PROCESS_ID', 0)):
+    if argument is not None:
+      name, value = flag, argument
+    elif environment:
+      name, value = variable, os.environ.get(variable)
+    else:
+      continue
+    if value not in (None, '') and str(value).strip() != str(alone):
+      return f'{name}={value}'
+  return None
 
 
 def _integer(argument: int | str | None, flag: str, variable: str,

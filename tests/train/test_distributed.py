@@ -67,6 +67,57 @@ def test_off_ignores_coordinator_and_cluster(calls, monkeypatch):
   assert distributed.initialize(mode='off') is None and calls['initialize'] == []
 
 
+@pytest.mark.parametrize('arguments, environment, named', [
+    ((2, None), {}, '--num_processes=2'),
+    ((None, 1), {}, '--process_id=1'),
+    ((2, 1), {'JAX_NUM_PROCESSES': '4'}, '--num_processes=2'),
+    ((None, None), {'JAX_NUM_PROCESSES': '2'}, 'JAX_NUM_PROCESSES=2'),
+    ((None, None), {'JAX_PROCESS_ID': '3'}, 'JAX_PROCESS_ID=3'),
+    ((1, None), {'JAX_PROCESS_ID': '1'}, 'JAX_PROCESS_ID=1'),
+])
+def test_auto_refuses_other_processes_without_a_coordinator(calls, monkeypatch, arguments,
+                                                            environment, named):
+  """Each process would otherwise train alone as process 0 of 1."""
+  for name, value in environment.items():
+    monkeypatch.setenv(name, value)
+  with pytest.raises(ValueError) as info:
+    distributed.initialize(None, *arguments)
+  assert str(info.value) == (f'{named} needs --coordinator_address=HOST:PORT (or '
+                             'JAX_COORDINATOR_ADDRESS) to join a multi-process run.')
+  assert calls == {'initialize': [], 'config': []}
+
+
+@pytest.mark.parametrize('arguments, environment', [
+    ((1, 0), {}), ((None, None), {'JAX_NUM_PROCESSES': '1', 'JAX_PROCESS_ID': '0'}),
+    ((None, None), {'JAX_NUM_PROCESSES': ''})])
+def test_auto_without_a_coordinator_runs_alone_when_told_one_process(calls, monkeypatch,
+                                                                     arguments, environment):
+  for name, value in environment.items():
+    monkeypatch.setenv(name, value)
+  assert distributed.initialize(None, *arguments) is None
+  assert calls == {'initialize': [], 'config': []}
+
+
+@pytest.mark.parametrize('arguments, named', [
+    (('127.0.0.1:1234', None, None), '--coordinator_address=127.0.0.1:1234'),
+    ((None, 2, None), '--num_processes=2'), ((None, 1, 1), '--process_id=1')])
+def test_off_refuses_arguments_naming_a_multi_process_run(calls, arguments, named):
+  with pytest.raises(ValueError) as info:
+    distributed.initialize(*arguments, mode='off')
+  assert str(info.value) == f'{named} contradicts --distributed=off, which runs alone.'
+  assert calls == {'initialize': [], 'config': []}
+
+
+def test_off_ignores_the_environment_and_one_process_arguments(calls, monkeypatch):
+  for name, value in {'JAX_COORDINATOR_ADDRESS': '127.0.0.1:1234', 'JAX_NUM_PROCESSES': '2',
+                      'JAX_PROCESS_ID': '1'}.items():
+    monkeypatch.setenv(name, value)
+  # experiments/main.py passes JAX_COORDINATOR_ADDRESS as --coordinator_address's default.
+  assert distributed.initialize('127.0.0.1:1234', mode='off') is None
+  assert distributed.initialize(None, 1, 0, mode='off') is None
+  assert calls == {'initialize': [], 'config': []}
+
+
 def test_a_coordinator_joins_manually_and_wins_over_the_cluster(calls, monkeypatch):
   for name, value in _SLURM.items():
     monkeypatch.setenv(name, value)
