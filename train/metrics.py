@@ -3,7 +3,8 @@
 Only process 0 writes. `metrics.jsonl` in the work directory gets one JSON
 object per record, `{"step": ..., "split": "train"|"eval", name: value, ...}`;
 a resumed run first drops the records of steps after its checkpoint, then
-appends, so no step is recorded twice.
+appends, and starts its TensorBoard event file with a purge of those steps
+(which TensorBoard then hides from earlier files), so no step is recorded twice.
 Eval-hook outputs (`write_outputs`) are scalars, text or images: text and images
 also go to TensorBoard and to `samples/<name>_<step>.txt|png` in the work directory.
 """
@@ -23,7 +24,8 @@ class MetricWriter:
 
   def __init__(self, workdir: str, total_steps: int, start_step: int = 0):
     """A run that resumes at `start_step` first drops the records of later steps that an
-    interrupted session wrote (those steps run again), so no step is recorded twice."""
+    interrupted session wrote (those steps run again) from `metrics.jsonl` and purges
+    them from TensorBoard, so no step is recorded twice."""
     self.enabled = jax.process_index() == 0
     self.workdir = workdir
     self.total_steps = total_steps
@@ -33,7 +35,11 @@ class MetricWriter:
     self._jsonl = None
     if self.enabled:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      # TensorBoard hides the events of steps >= purge_step written before this file. The
+      # file is named by the second it opens; the suffix keeps a session opened in the same
+      # second from overwriting an earlier session's file.
+      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'), purge_step=start_step + 1,
+                               filename_suffix=f'.{time.time_ns()}')
       path = os.path.join(workdir, 'metrics.jsonl')
       _drop_records_after(path, start_step)
       self._jsonl = open(path, 'a', encoding='utf-8')

@@ -72,3 +72,32 @@ def test_hook_outputs_go_to_jsonl_tensorboard_and_sample_files(tmp_path):
   # Gray levels kept to the 8-bit colour map's step (matplotlib bins [0, 1] into 256 levels).
   np.testing.assert_allclose(png[..., 0], image[..., 0], atol=2 / 255)
   assert list((tmp_path / 'tensorboard').glob('events.out.tfevents.*'))
+
+
+def _tensorboard_view(logdir):
+  """{(tag, step): [values]} as TensorBoard shows the event files of `logdir`: read in name
+  order, a SessionLog START at step s hides every event of step >= s read before it."""
+  shown = {}
+  for path in sorted(glob.glob(str(logdir / 'events.out.tfevents.*'))):
+    for event in _read_events(path):
+      if event.HasField('session_log') and event.session_log.status == event_pb2.SessionLog.START:
+        shown = {key: values for key, values in shown.items() if key[1] < event.step}
+      for value in event.summary.value:
+        shown.setdefault((value.tag, event.step), []).append(value.simple_value)
+  return shown
+
+
+def test_a_resumed_run_purges_the_steps_it_replays_from_tensorboard(tmp_path):
+  writer = MetricWriter(str(tmp_path), total_steps=40)  # interrupted after step 30
+  for step in (10, 20, 30):
+    writer.write(step, 'train', {'loss': float(step)})
+  writer.close()
+  writer = MetricWriter(str(tmp_path), total_steps=40, start_step=20)  # its checkpoint: step 20
+  for step in (30, 40):
+    writer.write(step, 'train', {'loss': step + 0.5})
+  writer.close()
+  # Both sessions' files are kept; each step shows once, replayed ones with the new values.
+  assert len(glob.glob(str(tmp_path / 'tensorboard' / 'events.out.tfevents.*'))) == 2
+  assert _tensorboard_view(tmp_path / 'tensorboard') == {
+      ('train/loss', 10): [10.0], ('train/loss', 20): [20.0], ('train/loss', 30): [30.5],
+      ('train/loss', 40): [40.5]}
