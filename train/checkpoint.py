@@ -8,11 +8,15 @@ state). Saves are asynchronous and atomic: a run killed while saving leaves the
 previous checkpoints intact, and Orbax ignores the partial
 `<step>.orbax-checkpoint-tmp-*` folder and removes it when the next run starts.
 
-`Checkpointer.restore_latest` tries the checkpoints from the newest: one that
-cannot be read, or whose arrays or iterator state differ from its digest, is
+`Checkpointer.restore_latest` tries the checkpoints from the newest: one whose
+content cannot be decoded (malformed JSON or metadata, corrupt, truncated or
+missing files) or whose arrays or iterator state differ from its digest is
 moved to `<workdir>/checkpoints_set_aside/<step>-<reason>` (never deleted;
 Orbax neither lists nor rotates folders there) with one warning line, and the
-next older one is tried.
+next older one is tried. A read that fails for a reason outside the checkpoint
+(an OSError other than a missing file, e.g. too many open files or an I/O
+error, a MemoryError, or a TensorStore error of resources, permissions or
+availability) sets nothing aside and raises one sentence.
 """
 
 import contextlib
@@ -32,6 +36,8 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from train import metrics
 
 _ITEMS = ('state', 'data', 'digest')
 
@@ -78,7 +84,7 @@ class Checkpointer:
 
     Called before compiling, so a changed model config with an old --workdir
     stops at once and leaves the checkpoints as they are. Reads metadata only;
-    checkpoints whose metadata cannot be read are set aside.
+    checkpoints whose metadata cannot be decoded are set aside.
     """
     for step in self._steps_newest_first():
       try:
@@ -95,7 +101,10 @@ class Checkpointer:
     Damaged checkpoints are set aside on the way; raises ValueError if
     checkpoints existed but none could be restored (also when
     `check_compatible` already set them all aside), or if one does not fit
-    `abstract_state` (a changed config: nothing is set aside then).
+    `abstract_state` (a changed config: nothing is set aside then). When none
+    could be restored, the run's records (`metrics.RECORDS`) are moved to
+    `checkpoints_set_aside/records-<newest step>` too, so that the rerun,
+    which starts from scratch, begins them afresh without losing the old ones.
     """
     for step in self._steps_newest_first():
       try:
@@ -106,9 +115,11 @@ class Checkpointer:
       return state, data_state, step
     if not self.set_aside:
       return None
+    records = self._set_aside_records()
+    moved = f", with the run's records in {records!r}," if records else ''
     raise ValueError(f'None of the checkpoints in {self.directory!r} could be restored; the '
                      f'{len(self.set_aside)} damaged ones were set aside in '
-                     f'{self.set_aside_directory!r} and a rerun starts from scratch.')
+                     f'{self.set_aside_directory!r}{moved} and a rerun starts from scratch.')
 
   def restore(self, abstract_state, step: int | None = None):
     """(state, data_state) of `step` (the latest by default) laid out as `abstract_state`, verified.
@@ -137,21 +148,27 @@ class Checkpointer:
     return os.path.join(self.directory, str(step))
 
   def _steps_newest_first(self) -> list[int]:
+    """The saved steps, newest first; a listing that fails (an OSError) raises one sentence."""
     self.manager.wait_until_finished()
-    self.manager.reload()  # the folders may have changed since the manager listed them
+    try:
+      self.manager.reload()  # the folders may have changed since the manager listed them
+    except OSError as e:
+      raise ValueError(f'Listing the checkpoints in {self.directory!r} failed ({_one_line(e)}): '
+                       'nothing was set aside; rerun once the cause is fixed.') from e
     return sorted(self.manager.all_steps(), reverse=True)
 
   def _read_saved_tree(self, step: int):
     return _attempt(lambda: _saved_tree(os.path.join(self._path(step), 'state')),
-                    'has unreadable metadata', collective=True)
+                    self._path(step), 'has unreadable metadata', collective=True)
 
   def _restore_verified(self, step: int, abstract_state):
-    """(state, data_state) of `step`; raises _Damaged, or ValueError if it does not fit."""
+    """(state, data_state) of `step`; raises _Damaged, or ValueError if it does not fit or
+    the read failed for a reason outside the checkpoint."""
     path = self._path(step)
     _check_fits(path, self._read_saved_tree(step), abstract_state)
     verified = _agree(os.path.isdir(os.path.join(path, 'digest')))
-    restored = _attempt(lambda: _read_items(path, abstract_state, verified), 'cannot be read',
-                        collective=True)
+    restored = _attempt(lambda: _read_items(path, abstract_state, verified), path,
+                        'cannot be read', collective=True)
     if not verified:
       logging.warning('Checkpoint %s has no digest (it predates them); restored it unverified.',
                       path)
@@ -184,6 +201,32 @@ class Checkpointer:
     _barrier(f'checkpoint_set_aside_{step}_done')  # the rename is visible to all
     self.manager.reload()
 
+  def _set_aside_records(self) -> str | None:
+    """Moves the workdir's `metrics.RECORDS` into a new `records-<newest set-aside step>[-N]`
+    beside the set-aside checkpoints; returns that folder, or None if there were none.
+
+    Only process 0, which alone writes the records, moves them and names the folder.
+    """
+    workdir = os.path.dirname(self.directory)
+    present = [name for name in metrics.RECORDS if os.path.exists(os.path.join(workdir, name))]
+    if jax.process_index() != 0 or not present:
+      return None
+    stem = os.path.join(self.set_aside_directory,
+                        f'records-{max(int(os.path.basename(p)) for p in self.set_aside)}')
+    target, copies = stem, 1
+    while os.path.exists(target):
+      copies += 1
+      target = f'{stem}-{copies}'
+    try:
+      os.makedirs(target)
+      for name in present:
+        os.rename(os.path.join(workdir, name), os.path.join(target, name))
+    except OSError as e:
+      raise ValueError(f'The records of the run in {workdir!r} could not be moved to {target!r} '
+                       f'({e.strerror}); move them by hand, or the rerun from scratch replaces '
+                       'them.') from None
+    return target
+
 
 def _read_items(path: str, abstract_state, with_digest: bool) -> dict:
   """{'state', 'data'[, 'digest']} of the checkpoint at `path`, read by the items' handlers.
@@ -205,49 +248,92 @@ def _read_items(path: str, abstract_state, with_digest: bool) -> dict:
 
 
 class _Damaged(Exception):
-  """A checkpoint that cannot be read or does not match its digest."""
+  """A checkpoint whose content cannot be decoded or does not match its digest."""
 
   def __init__(self, slug: str, reason: str):
     super().__init__(reason)
     self.slug, self.reason = slug, reason
 
 
-def _attempt(read, what: str, *, collective: bool):
-  """`read()`, or _Damaged('unreadable') naming the error; `collective`: all processes agree."""
-  result, error = None, None
+# What a checkpoint with undecodable, malformed or missing content raises: Orbax's JSON
+# and metadata parsing (JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
+# AttributeError), TensorStore's corrupt, truncated or missing data (ValueError) and a
+# missing file.
+_CONTENT_ERRORS = (ValueError, LookupError, TypeError, AttributeError, FileNotFoundError)
+# TensorStore (and XLA) statuses of the machine rather than of the data: errno values
+# such as EMFILE and ENOSPC (RESOURCE_EXHAUSTED), EACCES (PERMISSION_DENIED) and EIO (UNKNOWN).
+_MACHINE_STATUSES = tuple(f'{code}:' for code in (
+    'RESOURCE_EXHAUSTED', 'PERMISSION_DENIED', 'UNAVAILABLE', 'UNKNOWN', 'DEADLINE_EXCEEDED',
+    'ABORTED', 'CANCELLED', 'UNAUTHENTICATED'))
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+  """`error` and the errors it was raised from or while handling, outermost first."""
+  chain = []
+  while error is not None and error not in chain:
+    chain.append(error)
+    error = error.__cause__ or error.__context__
+  return chain
+
+
+def _machine_fault(error: BaseException) -> bool:
+  """Whether `error` is a fault of the machine rather than of the data: an OSError other than
+  FileNotFoundError, a MemoryError or an error with a `_MACHINE_STATUSES` status."""
+  return (isinstance(error, MemoryError) or str(error).startswith(_MACHINE_STATUSES) or
+          (isinstance(error, OSError) and not isinstance(error, FileNotFoundError)))
+
+
+def _attempt(read, path: str, what: str, *, collective: bool):
+  """`read()` of the checkpoint at `path`.
+
+  A failure is damage, raised as _Damaged('unreadable') naming the error, if its chain
+  (`_chain`) holds a `_CONTENT_ERRORS` error and no `_machine_fault`; any other failure
+  raises one sentence naming the fault and saying nothing was set aside. `collective`:
+  all processes take the same decision, a failure that is not damage on any process
+  winning over damage on others.
+  """
+  result, error, damage = None, None, False
   try:
     with _quiet_orbax_tasks():
       result = read()
   except Exception as e:  # pylint: disable=broad-exception-caught
-    error = _one_line(e)  # any failure to read means damage, whatever Orbax or TensorStore raised
+    chain = _chain(e)
+    fault = next((x for x in chain if _machine_fault(x)), None)
+    damage = fault is None and any(isinstance(x, _CONTENT_ERRORS) for x in chain)
+    error = _one_line(fault or e)
   if collective:
-    error = _first_error(error)
+    error, damage = _first_error(error, damage)
   if error is None:
     return result
-  raise _Damaged('unreadable', f'{what} ({error})')
+  if damage:
+    raise _Damaged('unreadable', f'{what} ({error})')
+  raise ValueError(f'Reading the checkpoint {path!r} failed ({error}), which does not show '
+                   'that it is damaged: nothing was set aside; rerun once the cause is fixed.')
 
 
 def _one_line(error: Exception, limit: int = 300) -> str:
   lines = str(error).strip().splitlines()
   # Orbax appends a dump of the TensorStore spec, cut off here anyway.
   first = lines[0].split(' See full TensorStore details')[0] if lines else ''
-  text = f'{type(error).__name__}: {first}'
+  text = f'{type(error).__name__}: {first}' if first else type(error).__name__
   return text if len(text) <= limit else text[:limit] + '...'
 
 
-def _first_error(error: str | None) -> str | None:
-  """The error of the first process whose read failed (None if none did), the same on all."""
+def _first_error(error: str | None, damage: bool) -> tuple[str | None, bool]:
+  """(error, damage) of the first process whose read failed otherwise than by damage, else
+  of the first whose read failed ((None, False) if none did), the same on all."""
   if jax.process_count() == 1:
-    return error
+    return error, damage
   encoded = (error or '').encode('utf-8')[:_ERROR_BYTES]
   row = np.zeros(1 + _ERROR_BYTES, np.uint8)
-  row[0] = error is not None
+  row[0] = 0 if error is None else 1 if damage else 2
   row[1:1 + len(encoded)] = np.frombuffer(encoded, np.uint8)
-  for process, gathered in enumerate(np.asarray(multihost_utils.process_allgather(row))):
-    if gathered[0]:
-      text = bytes(gathered[1:]).rstrip(b'\0').decode('utf-8', errors='ignore')
-      return f'on process {process}: {text}'
-  return None
+  gathered = np.asarray(multihost_utils.process_allgather(row))
+  if not gathered[:, 0].any():
+    return None, False
+  process = int(np.argmax(gathered[:, 0] == gathered[:, 0].max()))
+  text = bytes(gathered[process, 1:]).rstrip(b'\0').decode('utf-8', errors='ignore')
+  return f'on process {process}: {text}', bool(gathered[process, 0] == 1)
 
 
 _ERROR_BYTES = 400  # a `_one_line` error, in UTF-8
@@ -447,7 +533,7 @@ def restore_arrays(workdir: str, step: int | None = None) -> dict:
   compare two runs or to inspect parameters in a notebook. The arrays are
   verified against the checkpoint's digest; by default a damaged checkpoint is
   skipped with a warning (and left where it is), an explicit `step` raises
-  one sentence.
+  one sentence, as does a read that fails for a reason outside the checkpoint.
   """
   directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
   steps = (sorted(int(d) for d in os.listdir(directory) if d.isdigit())
@@ -466,17 +552,19 @@ def restore_arrays(workdir: str, step: int | None = None) -> dict:
 
 
 def _read_arrays(path: str) -> dict:
-  """The verified state arrays of the checkpoint at `path`; raises _Damaged."""
+  """The verified state arrays of the checkpoint at `path`; raises _Damaged, or ValueError
+  for a read that fails for a reason outside the checkpoint."""
   state_path = os.path.join(path, 'state')
-  saved = _attempt(lambda: _saved_tree(state_path), 'has unreadable metadata', collective=False)
+  saved = _attempt(lambda: _saved_tree(state_path), path, 'has unreadable metadata',
+                   collective=False)
   as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved)
   arrays = _attempt(lambda: ocp.PyTreeCheckpointer().restore(
-      state_path, args=ocp.args.PyTreeRestore(restore_args=as_numpy)), 'cannot be read',
+      state_path, args=ocp.args.PyTreeRestore(restore_args=as_numpy)), path, 'cannot be read',
                     collective=False)
   digest_path = os.path.join(path, 'digest')
   if os.path.isdir(digest_path):
     digest = _attempt(lambda: ocp.JsonCheckpointHandler().restore(epath.Path(digest_path)),
-                      'has an unreadable digest', collective=False)
+                      path, 'has an unreadable digest', collective=False)
     mismatch = _digest_mismatch(arrays, None, digest)
     if mismatch:
       raise _Damaged('digest-mismatch', mismatch)

@@ -18,6 +18,10 @@ import time
 import jax
 import numpy as np
 
+# What a run records in its work directory; set aside with the checkpoints when none
+# of them can be restored (`checkpoint.Checkpointer.restore_latest`).
+RECORDS = ('metrics.jsonl', 'tensorboard', 'samples')
+
 
 class MetricWriter:
   """Writes scalar metrics to the console, TensorBoard and `metrics.jsonl`."""

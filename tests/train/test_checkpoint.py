@@ -1,8 +1,10 @@
 """Verified checkpoints: the digest against a brute-force reference, and every kind of damage
 (truncated or overwritten array data, missing or garbled metadata, garbled iterator state,
 a half-written newer step) falls back to the newest good checkpoint, bit-identical, and sets
-the damaged one aside with one warning line, deleting nothing."""
+the damaged one aside with one warning line, deleting nothing; a read failing for a reason
+outside the checkpoint (too many open files, an I/O error, memory) sets nothing aside."""
 
+import errno
 import json
 import os
 import shutil
@@ -15,11 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from orbax.checkpoint._src.handlers import base_pytree_checkpoint_handler
 import pytest
 
-from tests.messages import one_sentence
+from tests.messages import assert_one_sentence, one_sentence
 from tests.subprocess_util import REPO_ROOT, run_python
 from train import checkpoint
+from train import metrics
 
 _STEPS = (1, 2, 3)
 
@@ -346,6 +350,144 @@ def test_damaged_newest_is_set_aside_and_the_previous_restored(workdir, damage, 
   ckpt.close()
 
 
+def _write(path, text):
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(text)
+
+
+# Damage raising errors of other kinds than _DAMAGE's: a file missing inside the checkpoint
+# (FileNotFoundError, TensorStore's FAILED_PRECONDITION) and metadata that is valid JSON of
+# the wrong shape (KeyError, AttributeError, TypeError in Orbax's parsing).
+_MORE_DAMAGE = {
+    'iterator JSON missing': lambda d: os.remove(os.path.join(d, 'data', 'metadata')),
+    'array data file missing': lambda d: os.remove(_array_data_file(d)),
+    'state _METADATA an empty object': lambda d: _write(os.path.join(d, 'state', '_METADATA'), '{}'),
+    'state _METADATA a list': lambda d: _write(os.path.join(d, 'state', '_METADATA'), '[]'),
+    'state _METADATA of wrong types': lambda d: _write(
+        os.path.join(d, 'state', '_METADATA'), '{"tree_metadata": {"x": 3}}'),
+}
+
+
+@pytest.mark.parametrize('damage', sorted(_MORE_DAMAGE))
+def test_missing_files_and_malformed_metadata_are_damage(workdir, damage):
+  _MORE_DAMAGE[damage](_step_dir(workdir, 3))
+  ckpt = _checkpointer(workdir)
+  ckpt.check_compatible(_abstract(_make_state(0)))
+  state, _, step = ckpt.restore_latest(_abstract(_make_state(0)))
+  ckpt.close()
+  assert step == 2 and _set_aside(workdir) == ['3-unreadable']
+  _assert_bit_identical(state, _make_state(2))
+
+
+def _caused_by(error, cause):
+  error.__cause__ = cause
+  return error
+
+
+def _eio_under_orbax():
+  """An OSError as Orbax reports it from a failed array read: the cause of a plain Exception."""
+  return _caused_by(Exception('Encountered error while reading array index: (slice(0, 48, 1),).'),
+                    OSError(errno.EIO, os.strerror(errno.EIO)))
+
+
+def _emfile():
+  return OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+
+# Read failures that say nothing about the checkpoint's content -> how the message names them.
+_MACHINE_ERRORS = {
+    'EMFILE': (_emfile, 'OSError: [Errno 24] Too many open files'),
+    'EACCES': (lambda: PermissionError(errno.EACCES, os.strerror(errno.EACCES)),
+               'PermissionError: [Errno 13] Permission denied'),
+    'EIO under Orbax': (_eio_under_orbax, 'OSError: [Errno 5] Input/output error'),
+    'EMFILE under a ValueError': (
+        lambda: _caused_by(ValueError('Failed to read the metadata.'), _emfile()),
+        'OSError: [Errno 24] Too many open files'),
+    'MemoryError': (MemoryError, 'MemoryError'),
+    'TensorStore RESOURCE_EXHAUSTED': (
+        lambda: ValueError('RESOURCE_EXHAUSTED: Error reading "manifest.ocdbt": Too many open files'),
+        'ValueError: RESOURCE_EXHAUSTED: Error reading "manifest.ocdbt": Too many open files'),
+}
+
+
+def _contents(root, names=None) -> dict[str, bytes]:
+  """{path relative to `root`: bytes} of every file under `root` (or its entries `names`)."""
+  found = {}
+  for name in names or os.listdir(root):
+    top = os.path.join(root, name)
+    for folder, _, files in [(root, [], [name])] if os.path.isfile(top) else os.walk(top):
+      for file in files:
+        path = os.path.join(folder, file)
+        with open(path, 'rb') as f:
+          found[os.path.relpath(path, root)] = f.read()
+  return found
+
+
+@pytest.mark.parametrize('where', ['metadata', 'arrays'])
+@pytest.mark.parametrize('error', sorted(_MACHINE_ERRORS))
+def test_a_read_failing_outside_the_checkpoint_sets_nothing_aside(workdir, monkeypatch, where,
+                                                                   error):
+  # Would set every good checkpoint aside in turn, and the rerun start from scratch, if any
+  # failure to read counted as damage.
+  make_error, shown = _MACHINE_ERRORS[error]
+  if where == 'metadata':  # as a real EMFILE strikes: opening state/_METADATA
+    async def fail(*_):
+      raise make_error()
+    monkeypatch.setattr(base_pytree_checkpoint_handler.BasePyTreeCheckpointHandler,
+                        '_read_metadata_file', fail)
+  else:
+    def fail(*_):
+      raise make_error()
+    monkeypatch.setattr(checkpoint, '_read_items', fail)
+  before = _contents(workdir)
+  abstract = _abstract(_make_state(0))
+  parts = (f"Reading the checkpoint '{_step_dir(workdir, 3)}' failed ({shown}),",
+           'nothing was set aside')
+  ckpt = _checkpointer(workdir)
+  if where == 'metadata':
+    one_sentence(lambda: ckpt.check_compatible(abstract), *parts)
+    one_sentence(lambda: checkpoint.restore_arrays(str(workdir)), *parts)
+  one_sentence(lambda: ckpt.restore_latest(abstract), *parts)
+  ckpt.close()
+  assert not _set_aside(workdir) and _contents(workdir) == before
+  monkeypatch.undo()  # the cause fixed, the rerun resumes from the newest checkpoint
+  ckpt = _checkpointer(workdir)
+  state, data_state, step = ckpt.restore_latest(abstract)
+  ckpt.close()
+  assert step == 3 and data_state == _data_state(3)
+  _assert_bit_identical(state, _make_state(3))
+
+
+_OUT_OF_FILE_DESCRIPTORS = '''
+import json, os, resource
+from tests.train.test_checkpoint import _abstract, _checkpointer, _make_state
+abstract = _abstract(_make_state(0))
+ckpt = _checkpointer({workdir!r})
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+in_use = len(os.listdir('/proc/self/fd')) - 1  # less the one listdir used
+resource.setrlimit(resource.RLIMIT_NOFILE, (in_use, hard))  # the next open fails with EMFILE
+try:
+  ckpt.restore_latest(abstract)
+  error = None
+except ValueError as e:
+  error = str(e)
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+print(json.dumps({{'error': error}}))
+'''
+
+
+def test_running_out_of_file_descriptors_sets_nothing_aside(workdir):
+  before = _contents(workdir)
+  error = run_python(_OUT_OF_FILE_DESCRIPTORS.format(workdir=str(workdir)))['error']
+  assert error is not None
+  assert_one_sentence(error, f"'{workdir}/checkpoints", 'Too many open files',
+                      'nothing was set aside')
+  assert not _set_aside(workdir) and _contents(workdir) == before
+  ckpt = _checkpointer(workdir)
+  assert ckpt.restore_latest(_abstract(_make_state(0)))[2] == 3
+  ckpt.close()
+
+
 def test_overwritten_array_bytes_are_caught_every_time(template, tmp_path):
   expected = jax.tree.map(np.asarray, _make_state(3))
   as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), expected)
@@ -425,6 +567,34 @@ def test_all_damaged_raises_one_sentence(workdir, check_first, damage):
   ckpt = _checkpointer(workdir)
   assert ckpt.restore_latest(_abstract(_make_state(0))) is None  # as the message says
   ckpt.close()
+
+
+def test_all_damaged_sets_the_records_aside_and_the_rerun_keeps_them(workdir):
+  writer = metrics.MetricWriter(str(workdir), total_steps=4)  # the run that saved steps 1-3
+  for step in _STEPS:
+    writer.write(step, 'train', {'loss': float(step)})
+  writer.write_outputs(3, {'text': 'a sample'})
+  writer.close()
+  records = _contents(workdir, metrics.RECORDS)
+  assert {path.split(os.sep)[0] for path in records} == set(metrics.RECORDS)
+  for step in _STEPS:
+    _truncate_array_data(_step_dir(workdir, step))
+  ckpt = _checkpointer(workdir)
+  aside = os.path.join(workdir, 'checkpoints_set_aside')
+  one_sentence(lambda: ckpt.restore_latest(_abstract(_make_state(0))),
+               f"with the run's records in '{aside}/records-3', and a rerun starts from scratch")
+  ckpt.close()
+  assert _set_aside(workdir) == ['1-unreadable', '2-unreadable', '3-unreadable', 'records-3']
+  # The rerun starts from scratch and writes its own records; the old ones stay as they were.
+  ckpt = _checkpointer(workdir)
+  assert ckpt.restore_latest(_abstract(_make_state(0))) is None
+  ckpt.close()
+  writer = metrics.MetricWriter(str(workdir), total_steps=4, start_step=0)
+  writer.write(1, 'train', {'loss': 9.0})
+  writer.close()
+  assert _contents(os.path.join(aside, 'records-3')) == records
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    assert [json.loads(line) for line in f] == [{'step': 1, 'split': 'train', 'loss': 9.0}]
 
 
 def test_check_compatible_judges_the_newest_readable_metadata(workdir, caplog):
@@ -542,11 +712,8 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_two_processes_take_the_same_decision(tmp_path):
-  # Would hang or diverge if one process fell back while the other restored: only process 1
-  # reads the damaged shard file.
-  workdir = str(tmp_path / 'run')
-  source = _TWO_PROCESSES.format(address=f'127.0.0.1:{_free_port()}', workdir=workdir)
+def _run_two_processes(source):
+  """The outputs (stdout, stderr) of `source` run as processes 0 and 1 of one run."""
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': REPO_ROOT,
          'XLA_FLAGS': '--xla_force_host_platform_device_count=1'}
   processes = [subprocess.Popen([sys.executable, '-c', source, str(i)], env=env, cwd=REPO_ROOT,
@@ -560,6 +727,15 @@ def test_two_processes_take_the_same_decision(tmp_path):
         p.kill()
   for p, (_, err) in zip(processes, outputs):
     assert p.returncode == 0, err[-3000:]
+  return outputs
+
+
+def test_two_processes_take_the_same_decision(tmp_path):
+  # Would hang or diverge if one process fell back while the other restored: only process 1
+  # reads the damaged shard file.
+  workdir = str(tmp_path / 'run')
+  outputs = _run_two_processes(_TWO_PROCESSES.format(address=f'127.0.0.1:{_free_port()}',
+                                                     workdir=workdir))
   results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
   assert [r['process'] for r in results] == [0, 1]
   assert all(r['step'] == 2 and r['equal'] and r['data'] == _data_state(2) for r in results)
@@ -568,6 +744,58 @@ def test_two_processes_take_the_same_decision(tmp_path):
   warned = [line for _, err in outputs for line in err.splitlines() if 'set it aside' in line]
   assert len(warned) == 1, warned  # process 0 renames and says so, once
   assert 'cannot be read (on process 1: ' in warned[0]  # process 0 read its shards fine
+
+
+_TWO_PROCESSES_ONE_FAILING = '''
+import errno, json, os, sys
+import jax, numpy as np
+from jax.experimental import multihost_utils
+from train import checkpoint, distributed, parallel
+from tests.train.test_checkpoint import _make_state, _data_state, _array_data_file
+distributed.initialize({address!r}, 2, int(sys.argv[1]))
+par = parallel.Parallel('fsdp', parallel.make_mesh(), fsdp_min_size=0)
+def place(step):
+  state = _make_state(step)
+  return jax.tree.map(
+      lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
+      state, par.state_shardings(state))
+ckpt = checkpoint.Checkpointer({workdir!r}, every_steps=1, keep=3)
+for step in (1, 2, 3):
+  ckpt.save(step, place(step), _data_state(step))
+ckpt.wait()
+multihost_utils.sync_global_devices('saved')
+if jax.process_index() == 0:  # process 0 reads damage, process 1 runs out of file descriptors
+  path = _array_data_file(os.path.join({workdir!r}, 'checkpoints', '3'), process=0)
+  os.truncate(path, os.path.getsize(path) // 2)
+else:
+  def fail(*_):
+    raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+  checkpoint._read_items = fail
+multihost_utils.sync_global_devices('damaged')
+try:
+  ckpt.restore_latest(par.abstract_state(lambda _: _make_state(0), None))
+  error = None
+except ValueError as e:
+  error = str(e)
+ckpt.close()
+print(json.dumps({{'process': jax.process_index(), 'error': error}}))
+'''
+
+
+def test_a_read_failing_outside_the_checkpoint_on_one_process_sets_nothing_aside(tmp_path):
+  # Would set the checkpoint aside on both if process 0's damage, reported first, decided.
+  workdir = str(tmp_path / 'run')
+  outputs = _run_two_processes(_TWO_PROCESSES_ONE_FAILING.format(
+      address=f'127.0.0.1:{_free_port()}', workdir=workdir))
+  results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+  assert [r['process'] for r in results] == [0, 1]
+  for result in results:
+    assert result['error'].startswith(
+        f"Reading the checkpoint '{workdir}/checkpoints/3' failed (on process 1: OSError: "
+        '[Errno 24] Too many open files)'), result['error']
+    assert 'nothing was set aside' in result['error']
+  assert not _set_aside(workdir)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['1', '2', '3']
 
 
 def test_eval_variables_are_the_ema_when_the_run_kept_one():
