@@ -308,7 +308,8 @@ def _attempt(read, path: str, what: str, *, collective: bool):
   if damage:
     raise _Damaged('unreadable', f'{what} ({error})')
   raise ValueError(f'Reading the checkpoint {path!r} failed ({error}), which does not show '
-                   'that it is damaged: nothing was set aside; rerun once the cause is fixed.')
+                   'that it is damaged: nothing was set aside; rerun once the cause is fixed '
+                   '(if it persists, move that folder out of the checkpoints by hand).')
 
 
 def _one_line(error: Exception, limit: int = 300) -> str:
