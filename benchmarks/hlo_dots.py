@@ -124,6 +124,16 @@ def dot_flops(hlo_text: str) -> dict[str, Dot]:
           for name, found in _products_by_operation(hlo_text).items()}
 
 
+_CONTROL_FLOW = re.compile(r'^\s+(?:ROOT )?%?([\w.\-]+) = .*? (?:while|conditional|call)\(')
+
+
+def control_flow_ops(hlo_text: str) -> set[str]:
+  """Names of the program's `while`, `conditional` and `call` operations: each runs other
+  computations, whose operations a profiler trace holds as events of their own, within the
+  span of its event."""
+  return {match.group(1) for match in map(_CONTROL_FLOW.match, hlo_text.splitlines()) if match}
+
+
 def products(hlo_text: str) -> list[Product]:
   """Every matrix product the program computes (a loop body's once), in the order of the text."""
   return [p for found in _products_by_operation(hlo_text).values() for p in found]

@@ -147,3 +147,15 @@ def test_each_product_as_one_matrix_product_keeps_its_flops():
   # A plain product is its own: its operands are already [M, K] and [K, N].
   forward = hlo_dots.Product((M, K), (K, F), (((1,), (0,)), ((), ())), 'f32', 'f32', 2 * M * K * F)
   assert hlo_dots.as_one_matrix_product(forward) == forward
+
+
+def test_control_flow_ops_are_the_programs_loop_and_conditional():
+  def f(h, w, p):
+    h = jax.lax.scan(lambda h, _: (jnp.tanh(h @ w), None), h, None, length=5)[0]
+    return jax.lax.cond(p > 0, lambda h: jnp.sin(h @ w), lambda h: h * 2, h)
+
+  text = jax.jit(f).lower(jnp.ones((16, 16)), jnp.ones((16, 16)), 1.0).compile().as_text()
+  names = hlo_dots.control_flow_ops(text)
+  opcodes = sorted(re.search(rf'%{re.escape(name)} = .*? (\w+)\(', text).group(1)
+                   for name in names)
+  assert opcodes == ['conditional', 'while']
