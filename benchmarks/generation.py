@@ -57,6 +57,15 @@ def time_generation(model, variables, length: int, batch: int, use_cache: bool,
   return best
 
 
+def rates(model, variables, length: int, batch: int, repeats: int) -> tuple[float, float, float]:
+  """New tokens per second of `batch` sequences generated to `length` without the cache and
+  with it, and the speed-up the cache gives."""
+  seconds = {use_cache: time_generation(model, variables, length, batch, use_cache, repeats)
+             for use_cache in (False, True)}
+  new_tokens = batch * (length - 1)
+  return new_tokens / seconds[False], new_tokens / seconds[True], seconds[False] / seconds[True]
+
+
 def has_cache(config) -> bool | None:
   """Whether `config`'s model has a decoding cache, decided from the config alone: the model
   is built, not initialised, with stand-ins for the options the data fills in (vocabulary,
@@ -93,11 +102,8 @@ def main(argv):
   print(f'{config.model.name}: batch {_BATCH.value}, new tokens per second')
   print(f'{"length":>8} {"no cache":>12} {"cache":>12} {"speed-up":>9}')
   for length in lengths:
-    seconds = {use_cache: time_generation(run.model, variables, length, _BATCH.value, use_cache,
-                                          _REPEATS.value) for use_cache in (False, True)}
-    new_tokens = _BATCH.value * (length - 1)
-    print(f'{length:>8} {new_tokens / seconds[False]:>12.1f} {new_tokens / seconds[True]:>12.1f} '
-          f'{seconds[False] / seconds[True]:>8.1f}x')
+    no_cache, cache, speed_up = rates(run.model, variables, length, _BATCH.value, _REPEATS.value)
+    print(f'{length:>8} {no_cache:>12.1f} {cache:>12.1f} {speed_up:>8.1f}x')
 
 
 if __name__ == '__main__':

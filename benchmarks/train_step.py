@@ -127,6 +127,25 @@ def measure_step(config, steps: int) -> dict:
           'products_seconds': alone, 'by_kind': by_kind}
 
 
+def figures(measured: dict, batch_size: int, window: int | None, peak: float) -> dict:
+  """The figures printed for one measurement (`measure_step`'s) of a step on `batch_size`
+  examples (windows of `window` tokens, or None): the step's steps/s, examples/s, tokens/s
+  (None without windows), FLOP/s and their fraction of the matmul `peak`; its products' FLOPs,
+  their FLOP/s alone and its fraction of `peak` (None if not timed); the input pipeline's
+  examples/s and how many of its batches it makes per train step."""
+  step, alone = measured['step_seconds'], measured['products_seconds']
+  achieved = measured['flops'] / step
+  products_flops = sum(p.flops for p in measured['products'])
+  return {'steps_per_second': 1 / step, 'examples_per_second': batch_size / step,
+          'tokens_per_second': batch_size * window / step if window else None,
+          'flops_per_second': achieved, 'fraction_of_peak': achieved / peak,
+          'products_flops': products_flops,
+          'products_flops_per_second': products_flops / alone if alone else None,
+          'products_fraction_of_peak': products_flops / alone / peak if alone else None,
+          'pipeline_examples_per_second': batch_size / measured['batch_seconds'],
+          'pipeline_over_step': step / measured['batch_seconds']}
+
+
 def products_by_kind(products, repeats: int = 9) -> list[tuple]:
   """(product, count, seconds alone, seconds as one [M, K]·[K, N] product) of each kind of
   `products`, each the median of `repeats` calls of a program that holds only that product
@@ -304,31 +323,30 @@ def main(argv):
     _set(config, field, value)
     r = results[label] = measure_step(config, _STEPS.value)
     batch_size, window = config.global_batch_size, config.data.get('window')  # a sweep may set them
-    achieved = r['flops'] / r['step_seconds']
+    f = figures(r, batch_size, window, peak)
     print(f'config: {config.data.name} / {config.model.name} ({label}), mode={r["mode"]}, '
           f'devices={r["devices"]}, global batch {batch_size}')
-    tokens = f', {batch_size * window / r["step_seconds"]:.0f} tokens/s' if window else ''
-    print(f'  train step: {1 / r["step_seconds"]:.2f} steps/s, '
-          f'{batch_size / r["step_seconds"]:.0f} examples/s{tokens}')
+    tokens = f', {f["tokens_per_second"]:.0f} tokens/s' if window else ''
+    print(f'  train step: {f["steps_per_second"]:.2f} steps/s, '
+          f'{f["examples_per_second"]:.0f} examples/s{tokens}')
     loops = ''.join(f', {loop}' for loop in loops_counted_once(config))
     print(f'  step FLOPs (XLA cost analysis{loops}): {r["flops"]:.4g}')
     if r['loops_left']:
       print(f'  (the step holds {r["loops_left"]} more loop(s) over floating-point values, '
             'such as a block-sparse attention\'s, whose bodies XLA counts once: these FLOPs '
             'and the fraction below are lower bounds)')
-    print(f'  achieved: {achieved / 1e9:.3f} GFLOP/s = {achieved / peak:.2%} of the float32 '
-          'matmul peak')
+    print(f'  achieved: {f["flops_per_second"] / 1e9:.3f} GFLOP/s = {f["fraction_of_peak"]:.2%} '
+          'of the float32 matmul peak')
     if r['products_seconds']:
-      flops = sum(p.flops for p in r['products'])
       once = ' (a loop body\'s once)' if loops else ''
-      alone = flops / r['products_seconds']
-      print(f'  its {len(r["products"])} matrix products alone{once}: {flops:.4g} FLOP '
-            f'({flops / r["flops"]:.1%} of the step\'s) in {r["products_seconds"] * 1e3:.1f} ms, '
-            f'{alone / 1e9:.3f} GFLOP/s = {alone / peak:.2%} of the matmul peak')
+      print(f'  its {len(r["products"])} matrix products alone{once}: {f["products_flops"]:.4g} '
+            f'FLOP ({f["products_flops"] / r["flops"]:.1%} of the step\'s) in '
+            f'{r["products_seconds"] * 1e3:.1f} ms, {f["products_flops_per_second"] / 1e9:.3f} '
+            f'GFLOP/s = {f["products_fraction_of_peak"]:.2%} of the matmul peak')
     if r['by_kind']:
       print_by_kind(r['by_kind'], peak)
-    print(f'  input pipeline: {batch_size / r["batch_seconds"]:.0f} examples/s '
-          f'({r["step_seconds"] / r["batch_seconds"]:.1f}x the train step)')
+    print(f'  input pipeline: {f["pipeline_examples_per_second"]:.0f} examples/s '
+          f'({f["pipeline_over_step"]:.1f}x the train step)')
   if len(results) > 1:
     first, *others = results
     for other in others:
