@@ -27,9 +27,9 @@ import jax
 import numpy as np
 from ml_collections import config_flags
 
+from benchmarks import runs
 from experiments import command_line
 from models import registry
-from train import loop
 from train import sampling
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
@@ -93,7 +93,7 @@ def main(argv):
   if 'max_length' in config.model:
     config.model.max_length = max(config.model.max_length, max(lengths))
   with tempfile.TemporaryDirectory() as workdir:
-    run = loop.setup(config, workdir)
+    run = runs.setup(config, workdir)
     state = run.parallel.init_state(run.init_fn, run.rng)
     run.lock.release()
   variables = {'params': state.params, **state.model_state}

@@ -42,8 +42,8 @@ import jax
 from ml_collections import config_flags
 
 from benchmarks import hlo_dots
+from benchmarks import runs
 from experiments import command_line
-from train import loop
 from train import xla_cpu
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
@@ -134,7 +134,7 @@ def main(argv):
   config = _CONFIG.value
   with tempfile.TemporaryDirectory() as workdir, tempfile.TemporaryDirectory() as tmp_trace:
     trace_dir = _TRACE_DIR.value or tmp_trace
-    run = loop.setup(config, workdir)
+    run = runs.setup(config, workdir)
     par = run.parallel
     state = par.to_run_layout(par.init_state(run.init_fn, run.rng))
     train_step = par.compile_train_step(run.train_step_fn(), par.abstract_state(run.init_fn, run.rng))

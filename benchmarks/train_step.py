@@ -14,8 +14,10 @@ but its products, the ceiling its other work and its layouts keep it under. With
 --products_by_kind each kind of product is also timed alone, and as one row-major
 [M, K] · [K, N] product of the same FLOPs (`hlo_dots.as_one_matrix_product`), which shows
 what batch dimensions and transposed operands cost on this backend. With several
---dtypes, or the values of one config field given by --sweep, the step is
-measured once per setting, in the same run, and compared.
+--dtypes, or the values of one config field given by --sweep (a field of one
+bool, int, float or str, its values read as the type it declares), the step is
+measured once per setting, in the same run, and compared. Every setting is checked
+as training checks its config (`loop.setup`) before anything is timed.
 
 XLA's cost analysis counts the body of a loop once, not once per iteration;
 so for a model with an `unroll` option (a recurrent layer's scan over time)
@@ -42,12 +44,14 @@ from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
+import ml_collections
 from ml_collections import config_flags
+from ml_collections.config_flags import config_path
 
 from benchmarks import hlo_dots
+from benchmarks import runs
 from experiments import command_line
 from models import registry
-from train import loop
 from train import xla_cpu
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.')
@@ -86,7 +90,7 @@ def matmul_peak_flops(sizes=(512, 1024, 2048), repeats=5) -> tuple[float, int]:
 def measure_step(config, steps: int) -> dict:
   """Steps/s and FLOPs of `config`'s compiled train step, and its input pipeline's batches/s."""
   with tempfile.TemporaryDirectory() as workdir:
-    run = loop.setup(config, workdir)
+    run = runs.setup(config, workdir)
     par = run.parallel
     abstract = par.abstract_state(run.init_fn, run.rng)
     state = par.init_state(run.init_fn, run.rng)
@@ -237,7 +241,7 @@ def loop_free_step_flops(config) -> tuple[float, int]:
 
 def _compiled_flops(config) -> tuple[float, int]:
   with tempfile.TemporaryDirectory() as workdir:
-    run = loop.setup(config, workdir)
+    run = runs.setup(config, workdir)
     state = run.parallel.init_state(run.init_fn, run.rng)
     compiled = one_device_step(run, state, next(run.train_iterator()))
     run.lock.release()
@@ -255,16 +259,18 @@ def _settings(config) -> list[tuple[str, str, object]]:
     if not field or not sep or not values:
       raise app.UsageError(f'--sweep={_SWEEP.value} must read FIELD:V1,V2,... '
                            '(e.g. model.unroll:1,4,16).')
-    parent = config
-    *path, last = field.split('.')
     try:
-      for key in path:
-        parent = parent[key]
-      current = parent[last]
-    except (KeyError, AttributeError, TypeError):
+      kind = config_path.get_type(field, config)
+    except (KeyError, AttributeError, IndexError, TypeError, ValueError):
       raise app.UsageError(f'--sweep field {field!r} is not in the config, so it has no '
                            'values to sweep.') from None
-    kind = type(current) if current is not None else str
+    current = config_path.get_value(field, config)
+    if isinstance(current, ml_collections.ConfigDict):
+      fields = f'; sweep one of its fields: {", ".join(sorted(current))}' if current else ''
+      raise app.UsageError(f'--sweep field {field!r} is a group of fields, not one value{fields}.')
+    if kind not in (bool, int, float, str):
+      raise app.UsageError(f'--sweep field {field!r} holds {current!r}, not one bool, int, float '
+                           'or str, so --sweep cannot set it.')
     try:
       parsed = [_parse(kind, v) for v in values.split(',')]
     except ValueError:
@@ -277,6 +283,15 @@ def _settings(config) -> list[tuple[str, str, object]]:
     _check_dtypes(_DTYPES.value, '--dtypes')
   dtypes = _DTYPES.value or [config.model.get('dtype', 'float32')]
   return [(dtype, 'model.dtype', dtype) for dtype in dtypes]
+
+
+def _check_settings(config, settings) -> None:
+  """Runs `loop.setup`'s checks of `config` with each of `settings` (writing only into a
+  temporary folder); a setting it refuses is a UsageError in its one sentence."""
+  for _, field, value in settings:
+    _set(config, field, value)
+    with tempfile.TemporaryDirectory() as workdir:
+      runs.setup(config, workdir).lock.release()
 
 
 def _check_dtypes(dtypes: list[str], flag: str) -> None:
@@ -316,6 +331,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   settings = _settings(config)  # every --dtypes and --sweep value checked before any timing
+  _check_settings(config, settings)
   peak, peak_n = matmul_peak_flops()
   print(f'matmul peak (float32, {peak_n}x{peak_n}): {peak / 1e9:.2f} GFLOP/s')
   results = {}

@@ -35,10 +35,11 @@ def test_a_count_of_zero_is_refused_by_name(script, args):
   assert 'matmul peak' not in result.stdout  # refused before anything was measured
 
 
-def _refused(script, args, **kwargs):
-  """The one line a benchmark script run with `args` ends with on stderr (absl's 'FATAL Flags
-  parsing error:' prefix removed), after checking that it failed without a traceback."""
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+def _refused(script, args, env=None, **kwargs):
+  """The one line a benchmark script run with `args` (and `env` added to the environment) ends
+  with on stderr (absl's 'FATAL Flags parsing error:' prefix removed), and its stdout, after
+  checking that it failed without a traceback."""
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', **(env or {})}
   result = subprocess.run([sys.executable, os.path.join('benchmarks', script), *args],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
                           **kwargs)
@@ -77,6 +78,22 @@ def test_a_model_option_the_config_leaves_out_is_accepted_and_a_missing_config_r
   assert line.startswith('error: --config is missing; give the experiment config file')
 
 
+@pytest.mark.parametrize('script', ['train_step.py', 'profile_step.py', 'generation.py'])
+def test_a_config_the_run_setup_refuses_is_its_one_sentence_before_anything_is_measured(
+    script, tmp_path):
+  # Each was a traceback of loop.setup's ValueError or FileNotFoundError (in train_step after
+  # the matmul peak had been timed).
+  line, stdout = _refused(script, [f'--config={_GPT}', '--config.global_batch_size=0'])
+  assert line == 'error: config.global_batch_size must be a positive integer, got 0.'
+  assert 'matmul peak' not in stdout
+  (tmp_path / 'empty').mkdir()
+  line, stdout = _refused(script, [f'--config={_GPT}', f'--config.data.data_dir={tmp_path}/data'],
+                          env={'TINY_SHAKESPEARE_DIR': str(tmp_path / 'empty')})
+  assert_one_sentence(line, "error: Data set 'tiny_shakespeare': the folder "
+                      f'{tmp_path}/empty given by $TINY_SHAKESPEARE_DIR lacks input.txt')
+  assert 'matmul peak' not in stdout
+
+
 _SHORT = ['--steps=1', '--pipeline_batches=1', '--noproducts_alone']
 
 
@@ -89,10 +106,20 @@ _SHORT = ['--steps=1', '--pipeline_batches=1', '--noproducts_alone']
     (['--sweep=model.dtype'], '--sweep=model.dtype must read FIELD:V1,V2,...'),
     (['--sweep=model.dtype:float32', '--dtypes=bfloat16'],
      '--sweep and --dtypes cannot be given together'),
+    (['--sweep=model.features:1,2'], "--sweep field 'model.features' holds (256, 256, 10), not "
+                                     'one bool, int, float or str, so --sweep cannot set it.'),
+    (['--sweep=model:1,2'], "--sweep field 'model' is a group of fields, not one value; sweep "
+                            'one of its fields: activation, dropout_rate, dtype, features, name.'),
+    (['--sweep=data.window:64,6x'], "--sweep values '64,6x' are not all ints, the type of "
+                                    'data.window.'),
+    (['--sweep=global_batch_size:64,0'], 'config.global_batch_size must be a positive integer, '
+                                         'got 0.'),
+    (['--sweep=parallel.mode:jit,jot'], "Unknown parallel.mode 'jot'; allowed: jit,"),
 ])
 def test_train_step_refuses_bad_dtypes_and_sweeps_before_timing_anything(args, message):
   # A bad dtype failed in the model after the matmul peak and every earlier dtype were timed;
-  # a bad sweep field after the peak.
+  # a bad sweep field, a tuple or group of fields, a value loop.setup refuses and a value of a
+  # placeholder field (read as a str) after the peak.
   line, stdout = _refused('train_step.py', [f'--config={_DIGITS}', *_SHORT, *args])
   assert_one_sentence(line, message)
   assert 'matmul peak' not in stdout

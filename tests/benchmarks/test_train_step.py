@@ -141,3 +141,19 @@ def test_products_by_kind_time_each_kind_once_and_total_them_by_count():
                     '33.6 GFLOP/s')
   # 3 × 1 ms + 2 ms for the FLOPs of all four: 3 · 268,435,456 + 134,217,728 in 5 ms.
   assert total == '  all 4, kind by kind: 5.0 ms, 187.905 GFLOP/s = 93.95% of the matmul peak'
+
+
+def test_a_sweep_of_a_placeholder_field_takes_the_type_it_declares():
+  # data.window is a placeholder(int) holding None: its values were read as str.
+  result = run_python('''
+      import json
+      from absl import flags
+      from benchmarks import train_step
+      flags.FLAGS(['train_step.py', '--config=experiments/configs/digits_mlp.py',
+                   '--sweep=data.window:64,128'])
+      settings = train_step._settings(train_step._CONFIG.value)
+      print(json.dumps([[label, field, value, type(value).__name__]
+                        for label, field, value in settings]))
+      ''')
+  assert result == [['data.window=64', 'data.window', 64, 'int'],
+                    ['data.window=128', 'data.window', 128, 'int']]
