@@ -20,7 +20,8 @@ log–log over the lengths from 1,024 up, and names the first length at which ea
 kind is faster than exact attention. Options per kind are the `OPTIONS` below
 (Performer with 256 features, Linformer projecting to 256, blocks of 128 for the
 sparse kinds, of 512 for chunked). Linformer has no causal form and is skipped
-with `--causal`. A length whose compiled memory would exceed `--max_gb` is not run.
+with `--causal`. Every setting is compiled before any is timed: one whose compiled
+memory would exceed `--max_gb` is not run, and if none is left the script stops.
 """
 
 import os
@@ -60,8 +61,9 @@ _MIN_BATCH_SECONDS = flags.DEFINE_float(
     'min_batch_seconds', 0.2, 'Each timing runs enough calls to take at least this long.',
     lower_bound=0.0)
 _CAUSAL = flags.DEFINE_boolean('causal', False, 'Causal attention (Linformer is then skipped).')
-_MAX_GB = flags.DEFINE_float('max_gb', 12.0, 'Skip settings whose compiled memory exceeds this.',
-                             lower_bound=0.0)
+_MAX_GB = flags.DEFINE_float('max_gb', 12.0, 'Skip settings whose compiled memory exceeds this.')
+flags.register_validator('max_gb', lambda gb: gb > 0, 'the compiled memory a setting may take '
+                         'must be a positive number of GB.')
 _FIGURE = flags.DEFINE_string('figure', None, 'Where to save the log–log figure (PNG).')
 
 
@@ -145,12 +147,19 @@ def main(argv):
                          'measure, as Linformer has no causal form; add another kind.')
   if _FIGURE.value:
     command_line.output_file(_FIGURE.value, 'figure')  # checked before the benchmark runs
+  compiled = {kind: [compile_setting(kind, n, causal) for n in lengths] for kind in chosen}
+  if all(call is None for settings in compiled.values() for call, _ in settings):
+    least = min(b for settings in compiled.values() for _, b in settings)
+    raise app.UsageError(f'Every setting takes more compiled memory than --max_gb='
+                         f'{_MAX_GB.value:g} (the least {least / 2 ** 30:.3g} GB), so none '
+                         'would run; raise --max_gb or give shorter --lengths.')
   results = {}
   print(f'forward + backward, batch 1, {_HEADS.value} head(s) of width {_WIDTH.value}, '
-        f'{"causal" if causal else "non-causal"}; time in ms (compiled memory in MB)')
+        f'{"causal" if causal else "non-causal"}; time in ms (compiled memory in MB; — over '
+        f'--max_gb={_MAX_GB.value:g})')
   print(f'{"kind":<10}' + ''.join(f'{n:>18}' for n in lengths))
   for kind in chosen:
-    calls, memory = zip(*(compile_setting(kind, n, causal) for n in lengths))
+    calls, memory = zip(*compiled[kind])
     row = list(zip(time_interleaved(calls), memory))
     results[kind] = row
     cells = [f'{"—" if s is None else f"{1e3 * s:.1f}"} ({b / 2 ** 20:.0f})' for s, b in row]
@@ -161,12 +170,13 @@ def main(argv):
   for kind, row in results.items():
     seconds, memory = [s for s, _ in row], [b for _, b in row]
     crossover = '—'
-    if exact is not None and kind != 'exact':
+    if exact is not None and kind != 'exact' and any(s is not None for s in seconds):
       faster = [n for n, (s, _), (e, _) in zip(lengths, row, exact)
                 if s is not None and (e is None or s < e)]
       crossover = str(faster[0]) if faster else 'never (in range)'
-    print(f'{kind:<10} {fitted_exponent(lengths, seconds):>7.2f} '
-          f'{fitted_exponent(lengths, memory):>9.2f} {crossover:>27}')
+    time_b, memory_b = (fitted_exponent(lengths, v) for v in (seconds, memory))
+    print(f'{kind:<10} {"—" if np.isnan(time_b) else f"{time_b:.2f}":>7} '
+          f'{"—" if np.isnan(memory_b) else f"{memory_b:.2f}":>9} {crossover:>27}')
   if _FIGURE.value:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use('Agg')

@@ -152,11 +152,16 @@ _ONE_KIND = ['--repeats=1', '--min_batch_seconds=0']
     (['--kinds=linformer', '--causal'], '--kinds=linformer with --causal leaves nothing to measure'),
     (['--kinds=exact', '--lengths=16', '--figure=FOLDER'], 'is a folder'),
     (['--kinds=exact', '--lengths=16', '--figure=scaling.pngg'], 'must end in a figure format'),
+    (['--max_gb=0'], 'flag --max_gb=0.0: the compiled memory a setting may take must be a '
+                     'positive number of GB.'),
+    (['--kinds=exact,local', '--lengths=16,32', '--max_gb=0.000001'],
+     'Every setting takes more compiled memory than --max_gb=1e-06 (the least '),
 ])
 def test_attention_scaling_refuses_settings_that_measure_nothing_or_cannot_be_drawn(
     args, message, tmp_path):
-  # Empty or non-positive lengths failed deep in JAX, no kinds printed an empty table, and a
-  # figure that cannot be written failed in savefig after the whole benchmark.
+  # Empty or non-positive lengths failed deep in JAX, no kinds printed an empty table, a
+  # figure that cannot be written failed in savefig after the whole benchmark, and a --max_gb
+  # that every setting exceeds (0 among them) printed a table of — and nan.
   args = [a.replace('FOLDER', str(tmp_path)).replace('=scaling', f'={tmp_path}/scaling')
           for a in args]
   line, stdout = _refused('attention_scaling.py', [*_ONE_KIND, *args])
