@@ -2,7 +2,7 @@ r"""MLP classifier on scikit-learn's handwritten digits (8x8, 10 classes).
 
 The default experiment: needs no network and trains in well under a minute on a CPU.
 
-  python -m experiments.main --config=experiments/configs/digits_mlp.py --workdir=/tmp/digits_mlp
+  python -m experiments.main --config=experiments/configs/digits_mlp.py --workdir=workdirs/digits_mlp
 """
 
 from experiments.configs import default

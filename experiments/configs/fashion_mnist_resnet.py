@@ -1,8 +1,9 @@
 r"""CIFAR-style ResNet-20 on Fashion-MNIST with augmentation.
 
 The CIFAR-10 network of He et al. 2016, §4.2 (3×3 stem of 16 channels, three
-stages of 16/32/64 channels, here on 28×28/14×14/7×7 maps), trained the
-paper's way: SGD with momentum 0.9, L2 weight decay 5e-4 on the kernels, batch
+stages of 16/32/64 channels, here on 28×28/14×14/7×7 maps), trained
+nearly the paper's way: SGD with Nesterov momentum 0.9 (the paper's momentum is
+plain), L2 weight decay 5e-4 on the kernels, batch
 128, random crops of the image padded by 2 pixels and horizontal flips, inputs
 normalised by the training set's mean and standard deviation. The learning rate
 warms up to 0.1 and decays by a cosine, for a number of epochs that fits the

@@ -5,7 +5,7 @@ Published MLP test accuracy: 68% (Greydanus, "Scaling down deep learning", 2020)
 with the recipe used here: hidden layers of 100 and 100 ReLU units, Adam (AdamW
 without weight decay) at a constant learning rate of 1e-2, batch 100, 6,000 steps.
 
-  python -m experiments.main --config=experiments/configs/mnist1d_mlp.py --workdir=/tmp/mnist1d_mlp
+  python -m experiments.main --config=experiments/configs/mnist1d_mlp.py --workdir=workdirs/mnist1d_mlp
 """
 
 from experiments.configs import default

@@ -5,8 +5,9 @@ config/train_shakespeare_char.py): 6 layers, 6 heads, width 384, context 256,
 dropout 0.2, batch 64, AdamW (β₂ = 0.99, weight decay 0.1, learning rate 1e-3
 with 100 warmup steps and cosine decay to 1e-4 at step 5,000), gradients
 clipped to norm 1, no biases, tied embeddings. nanoGPT reports a validation
-loss of 1.4697 after 5,000 steps on one GPU (its validation split is also the
-last 10% of the characters). On this CPU a step takes too long for 5,000
+loss of 1.4697 after 5,000 steps on one GPU, on its own validation split (the
+last 10% of the characters; ours is TFDS's 5% validation piece, so the two
+losses are not the same measurement). On this CPU a step takes too long for 5,000
 steps in an hour; shakespeare_char_gpt.py is the budgeted version.
 
   python -m experiments.main --config=experiments/configs/shakespeare_char_gpt_nanogpt.py \
