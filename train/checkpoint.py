@@ -65,6 +65,10 @@ class Checkpointer:
     self.set_aside_directory = os.path.join(workdir, 'checkpoints_set_aside')
     self.set_aside: list[str] = []  # the folders this Checkpointer moved there
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+    # Orbax removes unfinished saves' folders in a background thread that only its next save
+    # waits for (not `close`): waited for here, so that thread never lists a folder while
+    # this one sets a checkpoint aside or after the work directory is removed.
+    self.manager._maybe_await_cleanup_tmp_directory()  # pylint: disable=protected-access
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()

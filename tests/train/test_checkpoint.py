@@ -547,6 +547,20 @@ def test_half_written_newer_step_is_ignored_and_cleaned_up(workdir, caplog):
   assert not _set_aside(workdir) and not [r for r in caplog.records if r.levelname == 'WARNING']
 
 
+def test_unfinished_saves_are_removed_before_the_checkpointer_is_returned(tmp_path):
+  # Orbax removes them in a background thread; had the constructor not waited for it, the
+  # thread could still list the folder while it is read, set aside or removed.
+  for attempt in range(10):
+    workdir = tmp_path / str(attempt)
+    partials = [workdir / 'checkpoints' / f'{step}.orbax-checkpoint-tmp-1700000000000000'
+                for step in range(8)]
+    for partial in partials:
+      os.makedirs(partial / 'state')
+    ckpt = _checkpointer(workdir)
+    assert os.listdir(workdir / 'checkpoints') == []
+    ckpt.close()
+
+
 @pytest.mark.parametrize('check_first,damage', [(False, 'array data truncated'),
                                                  (True, 'state _METADATA garbled')])
 def test_all_damaged_raises_one_sentence(workdir, check_first, damage):
