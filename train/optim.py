@@ -6,7 +6,7 @@
   name: 'sgd' | 'momentum' | 'adam' | 'adamw'
   learning_rate: peak learning rate (> 0)
   momentum, nesterov: for 'momentum' (heavy ball or Nesterov)
-  b1, b2, eps: for 'adam'/'adamw'
+  b1, b2, eps: for 'adam'/'adamw' (eps > 0)
   weight_decay: λ. For 'adamw' the decoupled decay of Loshchilov & Hutter
     (θ ← θ − η(update + λθ)); for 'sgd' and 'momentum' the classic L2 term
     added to the gradient before the momentum (g ← g + λθ, as in He et al.
@@ -59,7 +59,14 @@ def validate(config, total_steps: int) -> None:
     raise ValueError(f'optimizer.nesterov must be True or False, got {config.nesterov!r}.')
   for key, default in (('b1', 0.9), ('b2', 0.999)):
     _check_number(config, key, default, lambda v: 0 <= v < 1, 'in [0, 1)')
-  _check_number(config, 'eps', 1e-8, lambda v: v >= 0, '>= 0')
+  if config.name in ('adam', 'adamw'):
+    # Adam divides by √v̂ + ε: with ε = 0, a parameter whose gradients have all been 0 so far
+    # (an input pixel that is always 0, an embedding row not yet seen) gets 0/0 = NaN.
+    _check_number(config, 'eps', 1e-8, lambda v: v > 0,
+                  f'positive for {config.name} (it divides by sqrt(v) + eps, so with 0 a '
+                  'parameter whose gradient is 0 gets 0/0)')
+  else:
+    _check_number(config, 'eps', 1e-8, lambda v: v >= 0, '>= 0')
   _check_number(config, 'final_lr_fraction', 0.0, lambda v: 0 <= v <= 1,
                 'in [0, 1] (the cosine floor as a fraction of the peak learning rate)')
   _check_number(config, 'decay_factor', 0.1, lambda v: v > 0,

@@ -165,6 +165,10 @@ def test_momentum_is_heavy_ball_on_a_quadratic(mu):
     (dict(b2=-0.1), 'optimizer.b2 must be in [0, 1), got -0.1'),
     (dict(b1=float('nan')), 'optimizer.b1 must be a finite number that is in [0, 1), got nan'),
     (dict(eps=-1.0), 'optimizer.eps must be >= 0, got -1.0'),
+    # Adam's update is v̂ / (√ŝ + ε): ε = 0 made it 0/0 = NaN for any parameter whose
+    # gradients had all been 0 (e.g. the digits' always-blank pixels), so every step was skipped.
+    (dict(name='adam', eps=0.0), 'optimizer.eps must be positive for adam'),
+    (dict(name='adamw', eps=0.0), 'optimizer.eps must be positive for adamw'),
     (dict(final_lr_fraction=2.0), 'optimizer.final_lr_fraction must be in [0, 1]'),
     (dict(final_lr_fraction=-0.1), 'optimizer.final_lr_fraction must be in [0, 1]'),
     (dict(decay_factor=-1.0), 'optimizer.decay_factor must be positive'),
