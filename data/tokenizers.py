@@ -42,6 +42,7 @@ import collections
 import hashlib
 import heapq
 import json
+import numbers
 import os
 from typing import Hashable, Iterable, Mapping, NamedTuple, Sequence
 
@@ -250,12 +251,14 @@ def load(path) -> 'CharTokenizer | ByteBPETokenizer':
 
 
 def _check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
+  """`ids` as Python ints; any integer type (Python's or NumPy's, e.g. a row of an id array)."""
   ids = list(ids)
   for position, token in enumerate(ids):
-    if not isinstance(token, int) or not 0 <= token < vocab_size:
-      raise ValueError(f'Token {token!r} at position {position} is not an id in '
-                       f'[0, {vocab_size}).')
-  return ids
+    integral = isinstance(token, numbers.Integral)
+    if not integral or not 0 <= token < vocab_size:
+      shown = int(token) if integral else repr(token)
+      raise ValueError(f'Token {shown} at position {position} is not an id in [0, {vocab_size}).')
+  return [int(token) for token in ids]
 
 
 class CharTokenizer:

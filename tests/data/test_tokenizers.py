@@ -7,6 +7,7 @@ import random
 
 import hypothesis
 from hypothesis import strategies as st
+import numpy as np
 import pytest
 import regex
 
@@ -214,6 +215,16 @@ def test_byte_bpe_round_trips_any_text(bpe, text):
 def test_byte_bpe_decode_rejects_unknown_ids(bpe):
   with pytest.raises(ValueError, match=r'Token 350 at position 1 is not an id in \[0, 350\)'):
     bpe.decode([1, 350])
+
+
+def test_decode_takes_numpy_ids_as_it_takes_python_ints(bpe):
+  text = 'the fox runs'
+  for tokenizer in (bpe, _CHAR):
+    ids = tokenizer.encode(text)
+    for array in (np.asarray(ids), np.asarray(ids, np.int32), np.asarray(ids, np.uint16)):
+      assert tokenizer.decode(array) == text
+  with pytest.raises(ValueError, match=r'Token 350 at position 1 is not an id in \[0, 350\)'):
+    bpe.decode(np.array([1, 350]))
 
 
 # Character-level.
