@@ -61,8 +61,20 @@ class FashionMnist(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _generate_examples(self, images_path, labels_path):
     images, labels = idx.read_idx(images_path), idx.read_idx(labels_path)
-    if images.shape[1:] != (28, 28) or images.shape[0] != labels.shape[0]:
-      raise ValueError(f'{images_path} holds images {images.shape} and {labels_path} '
-                       f'labels {labels.shape}; expected (N, 28, 28) and (N,).')
+    check_arrays(images, labels, images_path, labels_path)
     for i, (image, label) in enumerate(zip(images, labels)):
       yield i, {'image': image[..., None], 'label': int(label)}
+
+
+def check_arrays(images, labels, images_path, labels_path) -> None:
+  """ValueError in one sentence unless the files hold what Fashion-MNIST's do: images
+  uint8 (N, 28, 28) and labels uint8 (N,) in 0..9 (IDX element type 0x08 for both)."""
+  if (images.dtype != np.uint8 or labels.dtype != np.uint8 or images.shape[1:] != (28, 28)
+      or labels.shape != images.shape[:1]):
+    raise ValueError(f'{images_path} holds images {images.dtype.name} {images.shape} and '
+                     f'{labels_path} labels {labels.dtype.name} {labels.shape}; expected uint8 '
+                     f'(N, 28, 28) and uint8 (N,).')
+  if labels.size and labels.max() >= len(LABEL_NAMES):
+    position = int(np.argmax(labels >= len(LABEL_NAMES)))
+    raise ValueError(f'{labels_path} holds label {labels[position]} at position {position}; '
+                     f'the labels are 0 to {len(LABEL_NAMES) - 1}.')

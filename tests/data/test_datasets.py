@@ -193,6 +193,38 @@ def test_fashion_mnist_synthetic_files(tmp_path):
   assert label.num_classes == 10 and label.names[9] == 'Ankle boot'
 
 
+def _write_idx_typed_gz(path, array: np.ndarray, type_code: int) -> None:
+  dtype = {0x08: '>u1', 0x0C: '>i4', 0x0D: '>f4'}[type_code]
+  header = struct.pack('>HBB', 0, type_code, array.ndim) + struct.pack(
+      f'>{array.ndim}I', *array.shape)
+  with gzip.open(path, 'wb') as f:
+    f.write(header + array.astype(dtype).tobytes())
+
+
+@pytest.mark.parametrize('images_code, images, labels, parts', [
+    (0x08, np.zeros((3, 28, 28)), np.array([1, 12, 3]),
+     ['train-labels-idx1-ubyte.gz', 'label 12 at position 1', '0 to 9']),
+    (0x08, np.zeros((3, 28, 28)), np.array([[1], [2], [3]]),
+     ['train-labels-idx1-ubyte.gz', '(3, 1)', 'uint8 (N,)']),
+    (0x0C, np.full((3, 28, 28), 300), np.array([1, 2, 3]),
+     ['train-images-idx3-ubyte.gz', 'int32', 'uint8 (N, 28, 28)']),
+    (0x0D, np.full((3, 28, 28), 0.5), np.array([1, 2, 3]),
+     ['train-images-idx3-ubyte.gz', 'float32', 'uint8 (N, 28, 28)']),
+])
+def test_fashion_mnist_files_with_other_contents_are_refused_in_one_sentence(
+    tmp_path, images_code, images, labels, parts):
+  # The IDX files of Fashion-MNIST hold unsigned bytes: images (N, 28, 28), labels (N,) in 0..9.
+  images_file, labels_file = fashion_mnist.SPLIT_FILES['train']
+  _write_idx_typed_gz(tmp_path / images_file, images, images_code)
+  _write_idx_typed_gz(tmp_path / labels_file, labels, 0x08)
+  test_images, test_labels = fashion_mnist.SPLIT_FILES['test']
+  write_idx_gz(tmp_path / test_images, np.zeros((2, 28, 28)))
+  write_idx_gz(tmp_path / test_labels, np.array([0, 9]))
+  with pytest.raises(ValueError) as error:
+    datasets.load('fashion_mnist', 'train', data_dir=tmp_path / 'tfds', source_dir=tmp_path)
+  assert_one_sentence(str(error.value), *parts)
+
+
 def test_fashion_mnist_real_files(tmp_path, monkeypatch):
   monkeypatch.setenv('FASHION_MNIST_DIR', shared_folder('fashion-mnist'))
   train = datasets.load('fashion_mnist', 'train', data_dir=tmp_path)
