@@ -119,7 +119,7 @@ class UNet(nn.Module):
     dropout_rate: dropout inside every residual block while training (rng 'dropout').
     out_channels: output channels (None: the input's); e.g. C·K for K logits per pixel in
       discrete diffusion.
-    num_groups: groups of every GroupNorm; must divide every level's width.
+    num_groups: groups of every GroupNorm; must divide `channels` and every level's width.
     time_scale: t is multiplied by it before the embedding. Integer steps t = 0 … 999 (Ho
       et al.) want 1; continuous t ∈ [0, 1] wants ~1000, so that the fastest frequency
       turns by many radians across the range of t and nearby times stay distinguishable.
@@ -150,9 +150,12 @@ class UNet(nn.Module):
           option == 'channel_mults' and not value):
         raise ValueError(f'UNet {option} must be a sequence of positive integers, got {value!r}.')
     widths = [self.channels * mult for mult in self.channel_mults]
-    if any(width % self.num_groups for width in widths):
+    # The first level's GroupNorms also see conv_in's output, `channels` wide (alone in the
+    # first block, concatenated in the last).
+    if any(width % self.num_groups for width in [self.channels] + widths):
       raise ValueError(f'UNet num_groups={self.num_groups} must divide every level width '
-                       f'{tuple(widths)}.')
+                       f'{tuple(widths)} and channels={self.channels}, the width of the first '
+                       f'convolution\'s output.')
     if any(width % self.num_heads for width in widths):
       raise ValueError(f'UNet num_heads={self.num_heads} must divide every level width '
                        f'{tuple(widths)}.')

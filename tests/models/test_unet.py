@@ -363,6 +363,10 @@ def test_shapes_and_dtypes(model, channels):
 
 @pytest.mark.parametrize('options,x_shape,t_shape,message', [
     (dict(channels=8, num_groups=3), (1, 28, 28, 1), (1,), 'num_groups=3 must divide every level width'),
+    # Every level is 8 or 16 wide, but the first level's GroupNorms also see conv_in's 4
+    # channels: Flax's own error, naming neither option, came at the first call.
+    (dict(channels=4, channel_mults=(2, 4), num_groups=8, attention_resolutions=()), (1, 8, 8, 1),
+     (1,), r'num_groups=8 must divide every level width \(8, 16\) and channels=4'),
     (dict(num_groups=0), (1, 28, 28, 1), (1,), 'num_groups must be a positive integer, got 0'),
     (dict(channels=8, num_groups=4), (1, 30, 30, 1), (1,), 'size 30×30 is not allowed.*multiples of 4'),
     (dict(channels=8, num_groups=4), (2, 28, 28, 1), (1,), r'times of shape \(1,\) must be \[B\] = \(2,\)'),
