@@ -27,7 +27,9 @@ File format (`save`/`load`): one UTF-8 JSON object,
 A tokenizer learnt by `CharTokenizer.from_corpus` or `ByteBPETokenizer.train`
 also writes "train_sha256": the hex SHA-256 of the UTF-8 text it learnt from
 (`text_sha256`), so a caller can tell whether a saved tokenizer was learnt on
-a given text. Files without it load with `train_sha256` None.
+a given text. Files without it load with `train_sha256` None. `save` writes a new
+file beside the path and renames it into place, so an interrupted save leaves the
+previous file whole (or no file).
 
 A token's id is its index in "vocab". Byte-level tokens are written in GPT-2's
 byte-to-unicode alphabet (`byte_to_unicode`), where each byte is one printable
@@ -207,11 +209,24 @@ def _invalid(path, reason: str) -> ValueError:
 
 
 def _write(path, payload: dict, train_sha256: str | None) -> None:
+  """Writes a new file beside `path` and renames it into place, so an interrupted save
+  leaves `path` as it was (absent, or the previous whole file)."""
   if train_sha256 is not None:
     payload = {**payload, 'train_sha256': train_sha256}
-  with open(path, 'w', encoding='utf-8') as f:
-    json.dump({'format': FORMAT, 'version': VERSION, **payload}, f, ensure_ascii=False, indent=1)
-    f.write('\n')
+  path = os.fspath(path)
+  temporary = f'{path}.{os.getpid()}.tmp'
+  try:
+    with open(temporary, 'w', encoding='utf-8') as f:
+      json.dump({'format': FORMAT, 'version': VERSION, **payload}, f, ensure_ascii=False,
+                indent=1)
+      f.write('\n')
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(temporary, path)
+  except BaseException:
+    if os.path.exists(temporary):
+      os.remove(temporary)
+    raise
 
 
 def _read(path, expected_type: str | None = None) -> dict:

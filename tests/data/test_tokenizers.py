@@ -3,6 +3,7 @@
 import collections
 import hashlib
 import json
+import os
 import random
 
 import hypothesis
@@ -275,6 +276,28 @@ def test_saved_file_has_the_documented_fields(bpe, tmp_path):
   assert payload['type'] == 'byte_bpe' and payload['pattern'] == tokenizers.GPT2_PATTERN
   assert payload['vocab'] == bpe.vocab and payload['merges'] == [list(m) for m in bpe.merges]
   assert payload['train_sha256'] == hashlib.sha256(CORPUS.encode('utf-8')).hexdigest()
+
+
+@pytest.mark.parametrize('interruption', [KeyboardInterrupt, OSError])
+def test_an_interrupted_save_leaves_the_previous_file_whole(bpe, tmp_path, monkeypatch,
+                                                           interruption):
+  path = tmp_path / 'bpe.json'
+  bpe.save(path)
+  before = path.read_bytes()
+
+  def stopped_half_way(obj, f, **kwargs):
+    f.write(json.dumps(obj, **kwargs)[:300])
+    raise interruption
+
+  monkeypatch.setattr(tokenizers.json, 'dump', stopped_half_way)
+  for tokenizer in (bpe, _CHAR):
+    with pytest.raises(interruption):
+      tokenizer.save(path)
+  assert path.read_bytes() == before and os.listdir(tmp_path) == ['bpe.json']
+  monkeypatch.undo()
+  assert tokenizers.load(path).merges == bpe.merges
+  _CHAR.save(path)  # a completed save replaces it
+  assert tokenizers.load(path).vocab == _CHAR.vocab and os.listdir(tmp_path) == ['bpe.json']
 
 
 def test_tokenizers_built_from_merges_or_vocab_record_no_train_text(tmp_path):
