@@ -19,12 +19,34 @@ from models.generative.unet import sinusoidal_embedding
 
 
 class TimeMLP(nn.Module):
-  """`model(x [B, D], t [B]) → [B, D]` (`out_features` to change the output width)."""
+  """`model(x [B, D], t [B]) → [B, D]` (`out_features` to change the output width).
+
+  Attributes:
+    hidden: the widths of the L ≥ 1 hidden layers, each of which adds Dense(e): t reaches
+      the output through them only.
+    embed_dim: the width of PE, an even number (sines and cosines).
+    time_scale: s, the factor on t before the embedding.
+    out_features: the output width (None: D).
+    dtype: compute dtype; parameters are float32.
+  """
   hidden: Sequence[int] = (128, 128, 128)
   embed_dim: int = 32
   time_scale: float = 1.0
   out_features: int | None = None
   dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    if not self.hidden or not all(isinstance(w, int) and w > 0 for w in self.hidden):
+      raise ValueError(f'TimeMLP hidden must be a non-empty sequence of positive integers (t '
+                       f'enters through the hidden layers), got {self.hidden!r}.')
+    if not isinstance(self.embed_dim, int) or self.embed_dim < 2 or self.embed_dim % 2:
+      raise ValueError(f'TimeMLP embed_dim must be a positive even integer (sines and cosines), '
+                       f'got {self.embed_dim!r}.')
+    if self.out_features is not None and (not isinstance(self.out_features, int)
+                                          or self.out_features < 1):
+      raise ValueError(f'TimeMLP out_features must be None or a positive integer, '
+                       f'got {self.out_features!r}.')
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x_BxD: jax.Array, t_B: jax.Array, *, train: bool = False) -> jax.Array:
