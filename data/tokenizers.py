@@ -64,6 +64,32 @@ def text_sha256(text: str) -> str:
   return hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()
 
 
+def compile_pattern(pattern: str):
+  """`pattern` compiled for pre-tokenisation, or ValueError if it has capturing groups (with
+  them, `findall` returns the groups instead of the pieces; `(?:...)` groups without capturing)."""
+  compiled = regex.compile(pattern)
+  if compiled.groups:
+    raise ValueError(f'The pre-tokenisation pattern {pattern!r} has {compiled.groups} capturing '
+                     'group(s); write its groups as (?:...) so each match is a whole piece.')
+  return compiled
+
+
+def pretokenize(compiled, text: str) -> list[str]:
+  """The pieces of `text`, the matches of `compiled` in order, or ValueError if they leave
+  out a character (they must join back to the text, as GPT2_PATTERN's always do)."""
+  pieces = compiled.findall(text)
+  if sum(map(len, pieces)) != len(text):  # matches never overlap, so equal means all covered
+    position = 0
+    for match in compiled.finditer(text):
+      if match.start() != position:
+        break
+      position = match.end()
+    raise ValueError(f'The pre-tokenisation pattern {compiled.pattern!r} matches no piece holding '
+                     f'the character {text[position]!r} at position {position}; its pieces must '
+                     'cover the text.')
+  return pieces
+
+
 def byte_to_unicode() -> list[str]:
   """GPT-2's printable stand-in for each byte value 0..255.
 
@@ -329,7 +355,10 @@ class ByteBPETokenizer:
                train_sha256: str | None = None):
     """Builds the tokenizer from merges written in the `byte_to_unicode` alphabet.
 
-    `train_sha256` is the `text_sha256` of the text the merges were learnt on, or None.
+    `pattern` cuts text into pre-tokens: it may not have capturing groups, and `train`
+    and `encode` refuse a text its matches do not cover (`pretokenize`), so no character
+    is dropped. `train_sha256` is the `text_sha256` of the text the merges were learnt
+    on, or None.
     """
     alphabet = byte_to_unicode()
     self.train_sha256 = train_sha256
@@ -351,14 +380,14 @@ class ByteBPETokenizer:
       self._ranks.setdefault((ids[left], ids[right]), (ids[symbol], []))[1].append(rank)
     unicode_to_byte = {character: byte for byte, character in enumerate(alphabet)}
     self._token_bytes = [bytes(unicode_to_byte[c] for c in token) for token in self.vocab]
-    self._regex = regex.compile(pattern)
+    self._regex = compile_pattern(pattern)
     self._cache = {}
 
   @classmethod
   def train(cls, text: str, vocab_size: int, pattern: str = GPT2_PATTERN) -> 'ByteBPETokenizer':
     """Learns merges on `text` until the vocabulary has `vocab_size` tokens (or no pair is left)."""
     alphabet = byte_to_unicode()
-    word_counts = collections.Counter(regex.findall(pattern, text))
+    word_counts = collections.Counter(pretokenize(compile_pattern(pattern), text))
     symbol_counts = collections.Counter()
     for word, count in word_counts.items():
       symbol_counts[tuple(alphabet[b] for b in word.encode('utf-8'))] += count
@@ -391,7 +420,7 @@ class ByteBPETokenizer:
 
   def encode(self, text: str) -> list[int]:
     ids = []
-    for piece in self._regex.findall(text):
+    for piece in pretokenize(self._regex, text):
       piece_ids = self._cache.get(piece)
       if piece_ids is None:
         piece_ids = self._encode_piece(piece)

@@ -13,6 +13,7 @@ import pytest
 import regex
 
 from data import tokenizers
+from tests.messages import assert_one_sentence
 
 SEED_WORDS = {'hug': 10, 'pug': 5, 'pun': 12, 'bun': 4, 'hugs': 5}
 
@@ -226,6 +227,36 @@ def test_decode_takes_numpy_ids_as_it_takes_python_ints(bpe):
       assert tokenizer.decode(array) == text
   with pytest.raises(ValueError, match=r'Token 350 at position 1 is not an id in \[0, 350\)'):
     bpe.decode(np.array([1, 350]))
+
+
+@pytest.mark.parametrize('pattern, parts', [
+    (r'\p{L}+', [r"'\\p{L}+'", "character ' ' at position 2", 'cover the text']),
+    (r'(?:\p{L}+)|[.,]', ["character ' ' at position 2"]),
+])
+def test_a_pattern_whose_pieces_leave_out_characters_is_refused(pattern, parts):
+  text = 'To be, or not to be.'
+  with pytest.raises(ValueError) as error:
+    tokenizers.ByteBPETokenizer.train(text, 260, pattern=pattern)
+  assert_one_sentence(str(error.value), *parts)
+  tokenizer = tokenizers.ByteBPETokenizer([], pattern)
+  assert tokenizer.decode(tokenizer.encode('Tobe')) == 'Tobe'
+  with pytest.raises(ValueError) as error:
+    tokenizer.encode(text)
+  assert_one_sentence(str(error.value), *parts)
+
+
+def test_a_pattern_with_capturing_groups_is_refused(bpe, tmp_path):
+  pattern = r"(\p{L}+)|\s+|[^\s\p{L}]+"  # findall would return the group, '' for spaces
+  with pytest.raises(ValueError) as error:
+    tokenizers.ByteBPETokenizer.train('To be, or not.', 260, pattern=pattern)
+  assert_one_sentence(str(error.value), '1 capturing group', '(?:...)')
+  path = tmp_path / 'bpe.json'
+  bpe.save(path)
+  payload = json.loads(path.read_text(encoding='utf-8'))
+  path.write_text(json.dumps(dict(payload, pattern=pattern)), encoding='utf-8')
+  with pytest.raises(ValueError, match='capturing group') as error:
+    tokenizers.load(path)
+  assert str(path) in str(error.value)
 
 
 # Character-level.
