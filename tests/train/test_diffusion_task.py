@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from models.generative.time_mlp import TimeMLP
+from tests.messages import one_sentence
 from train import tasks
 from train.tasks import diffusion
 
@@ -102,6 +103,17 @@ def test_d3pm_binarises_images_and_its_loss_prefers_the_right_predictor():
   # Measured 0.65 nats per position for the inverted predictor, against almost 0: only masked
   # positions depend on the prediction, and λ = 0.01 weighs its cross-entropy of about 10.
   assert right_loss < 0.01 and wrong_loss > 0.3, (right_loss, wrong_loss)
+
+
+@pytest.mark.parametrize('shape', [(4, 4, 3), (16,)])
+def test_d3pm_refuses_examples_other_than_one_channel_images(shape):
+  # One category per pixel: the loss and the samples read channel 0 only, so the other channels
+  # of RGB images were never modelled (inverting them left the loss as it was), and of
+  # sequences [L] only the first element.
+  task = tasks.build('diffusion', {'features': ('image',)}, objective='d3pm', num_steps=20)
+  one_sentence(lambda: task.preprocess({'image': np.zeros((8,) + shape, np.uint8)}),
+               "task.objective='d3pm' needs one-channel images [H, W, 1]; 'image' holds "
+               f'examples of shape {shape}.')
 
 
 class FlatExamples:

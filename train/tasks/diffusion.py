@@ -10,9 +10,9 @@ time-conditioned MLP for points); the objective decides what x_t, t and the targ
   d3pm        x_t ~ q(x_t | x_0), t ~ U{1…T}         logits of x_0        L_vb(t) + λ CE (Austin et al. 2021, eq. 5), per position
 
 with D the number of dimensions of an example. Images (uint8 records) are scaled to [−1, 1]
-(ddpm, score_sde, cold) or binarised at 128 (d3pm: two categories, plus the mask of the
-absorbing process); real-valued records (the 2-D mixtures) are used as they are. Draws come
-from the task's 'diffusion' stream, in training and evaluation alike.
+(ddpm, score_sde, cold) or binarised at 128 (d3pm, one-channel images only: two categories,
+plus the mask of the absorbing process); real-valued records (the 2-D mixtures) are used as
+they are. Draws come from the task's 'diffusion' stream, in training and evaluation alike.
 """
 
 import dataclasses
@@ -108,6 +108,10 @@ class Diffusion(base.Task):
 
   def preprocess(self, records):
     x = np.asarray(records[self.input_key])
+    if self.objective == 'd3pm' and (x.ndim != 4 or x.shape[-1] != 1):
+      # One category per pixel: the loss and the samples read channel 0 only.
+      raise ValueError(f'task.objective=\'d3pm\' needs one-channel images [H, W, 1]; '
+                       f'{self.input_key!r} holds examples of shape {x.shape[1:]}.')
     if x.dtype == np.uint8:
       x = ((x >= 128).astype(np.int32) if self.objective == 'd3pm'
            else x.astype(np.float32) / 127.5 - 1)
