@@ -120,7 +120,8 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
     TFDS's data source: `len()` and `[i]` -> dict of feature values.
 
   Raises:
-    ValueError: unknown data set or split, or a split with no examples.
+    ValueError: unknown data set or split, a split with no examples, or a data
+      directory that cannot be a folder (it, or a parent of it, is a file).
     TypeError: an option the data set does not take.
     FileNotFoundError: the data set is not prepared and cannot be obtained.
   """
@@ -151,10 +152,16 @@ def info(name: str, *, data_dir: str | os.PathLike | None = None,
 
 def make_builder(name: str, *, data_dir: str | os.PathLike | None = None,
                  **options) -> tfds.core.DatasetBuilder:
-  """The array_record builder of `name` under the data directory, prepared or not."""
+  """The array_record builder of `name` under the data directory, prepared or not.
+
+  Raises ValueError if the data directory, or the nearest of its parents that
+  exists, is not a folder.
+  """
+  origin = 'data_dir=' if data_dir else f'${DATA_DIR_ENV_VAR}'
   data_dir = data_dir or os.environ.get(DATA_DIR_ENV_VAR) or None
   if data_dir is not None:
     data_dir = os.fspath(data_dir)
+    _check_data_dir(data_dir, origin)
   if name in LOCAL_BUILDERS:
     allowed = getattr(LOCAL_BUILDERS[name], 'OPTIONS', ())
     unknown = sorted(set(options) - set(allowed))
@@ -169,6 +176,17 @@ def make_builder(name: str, *, data_dir: str | os.PathLike | None = None,
   except tfds.core.registered.DatasetNotFoundError:
     raise ValueError(f"Unknown data set '{name}': it is neither one of "
                      f'{", ".join(LOCAL_BUILDERS)} nor in the TFDS catalog.') from None
+
+
+def _check_data_dir(data_dir: str, origin: str) -> None:
+  if '://' in data_dir:  # a remote file system TFDS reaches (gs://...): not checked here
+    return
+  existing = os.path.abspath(data_dir)
+  while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ValueError(f'The data directory {data_dir} given by {origin} cannot be a folder, as '
+                     f'{existing} is a file; give {origin} a folder to keep data sets in.')
 
 
 def _known_splits(builder) -> tuple[str, ...]:

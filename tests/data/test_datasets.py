@@ -310,6 +310,19 @@ def test_unknown_split_lists_the_splits_before_preparing(tmp_path):
   assert not (tmp_path / 'jaxlab_tiny_shakespeare').exists()
 
 
+def test_a_data_directory_inside_a_file_is_refused_naming_it(tmp_path, monkeypatch):
+  file = tmp_path / 'not_a_folder'
+  file.write_text('')
+  with pytest.raises(ValueError) as error:
+    datasets.load('digits', 'train', data_dir=file)
+  assert_one_sentence(str(error.value), str(file), 'data_dir=', 'is a file')
+  monkeypatch.setenv(datasets.DATA_DIR_ENV_VAR, str(file / 'sub'))
+  with pytest.raises(ValueError) as error:
+    datasets.load('digits', 'train')
+  assert_one_sentence(str(error.value), str(file / 'sub'), '$JAXLAB_DATA_DIR', f'{file} is a file')
+  assert file.read_text() == ''
+
+
 def test_unknown_name(tmp_path):
   with pytest.raises(ValueError) as error:
     datasets.load('no_such_data_set', 'train', data_dir=tmp_path)
