@@ -197,11 +197,14 @@ class Run:
     abstract = par.abstract_state(self.init_fn, self.rng)
     train_iter = self.train_iterator()
     restored = self.checkpointer.restore_latest(abstract)
+    evaluation_due = False
     if restored is None:
       state = par.init_state(self.init_fn, self.rng)
     else:
       state, data_state, _ = restored
       train_iter.set_state(data_state['iterator'])
+      # A stop skipped the evaluation due at the checkpoint's step: it runs on resuming.
+      evaluation_due = bool(data_state.get('evaluation_due', False))
     start_step = int(jax.device_get(state.step))
     total = config.num_train_steps
     if start_step:
@@ -220,10 +223,19 @@ class Run:
     pending, log_due, last_log = [], None, (start_step, time.time())
     previous, bad_in_a_row = None, 0
     eval_metrics, stopped = {}, None
-    if start_step >= total:  # already finished: report the final model again
-      eval_metrics = self.evaluate(eval_step, par.to_canonical(state))
     with preemption.StopRequest() as stop:
       try:
+        # Already finished: report the final model again. Resuming after a stop that skipped
+        # the evaluation due at this step: run it (every process) and record it unless an
+        # earlier resume already did.
+        if start_step >= total or evaluation_due:
+          canonical = par.to_canonical(state)
+          eval_metrics = self.evaluate(eval_step, canonical)
+          if evaluation_due:
+            outputs = self.run_hooks(canonical, start_step)
+            if not writer.recorded(start_step, 'eval'):  # (process 0 decides what it writes)
+              writer.write(start_step, 'eval', eval_metrics)
+              writer.write_outputs(start_step, outputs)
         for step in range(start_step, total):
           profile.before(step)
           batch = next(train_iter)
@@ -258,7 +270,9 @@ class Run:
           stopping = stop_agreed if shared_stop else stop.requested
           if done % config.log_every_steps == 0 or done == total or stopping:
             log_due = done
-          is_eval = (done % config.eval_every_steps == 0 or done == total) and not stopping
+          eval_due = done % config.eval_every_steps == 0 or done == total
+          # A stop saves and exits at once; the checkpoint says the evaluation is still due.
+          is_eval = eval_due and not stopping
           is_ckpt = done % config.checkpoint_every_steps == 0 or done == total or stopping
           if is_eval or is_ckpt:
             canonical = par.to_canonical(state)
@@ -267,7 +281,8 @@ class Run:
               # the step still running, those copies can hold the threads that a
               # multi-device CPU step needs for its collectives.
               jax.block_until_ready(canonical)
-              self._save(done, canonical, train_iter, force=done == total or stopping)
+              self._save(done, canonical, train_iter, force=done == total or stopping,
+                         evaluation_due=eval_due and stopping)
             if is_eval:
               eval_metrics = self.evaluate(eval_step, canonical)
               writer.write(done, 'eval', eval_metrics)
@@ -296,9 +311,12 @@ class Run:
       raise stopped
     return eval_metrics
 
-  def _save(self, step: int, state, train_iter, *, force: bool) -> None:
+  def _save(self, step: int, state, train_iter, *, force: bool, evaluation_due: bool) -> None:
+    data_state = {'iterator': train_iter.get_state()}
+    if evaluation_due:  # read back by `train` on resuming
+      data_state['evaluation_due'] = True
     try:
-      self.checkpointer.save(step, state, {'iterator': train_iter.get_state()}, force=force)
+      self.checkpointer.save(step, state, data_state, force=force)
     except Exception as e:  # pylint: disable=broad-except
       raise _save_failed(self.checkpointer.directory, e) from e
 

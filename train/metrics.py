@@ -37,6 +37,7 @@ class MetricWriter:
     self.start_time = time.time()
     self._tb = None
     self._jsonl = None
+    self._kept = set()
     if self.enabled:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       # TensorBoard hides the events of steps >= purge_step written before this file. The
@@ -45,8 +46,13 @@ class MetricWriter:
       self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'), purge_step=start_step + 1,
                                filename_suffix=f'.{time.time_ns()}')
       path = os.path.join(workdir, 'metrics.jsonl')
-      _drop_records_after(path, start_step)
+      self._kept = _drop_records_after(path, start_step)
       self._jsonl = open(path, 'a', encoding='utf-8')
+
+  def recorded(self, step: int, split: str) -> bool:
+    """Whether `metrics.jsonl` held a `split` record of `step` (at most `start_step`) when
+    this writer opened it (always False outside process 0)."""
+    return (step, split) in self._kept
 
   def write(self, step: int, split: str, metrics: dict) -> None:
     with self._reporting_write_errors():
@@ -124,22 +130,25 @@ def _format(value: float) -> str:
   return f'{value:.4g}' if abs(value) < 1e5 else f'{value:.3e}'
 
 
-def _drop_records_after(path: str, step: int) -> None:
-  """Rewrites `path` without records of steps after `step`, nor a torn last line (atomically)."""
+def _drop_records_after(path: str, step: int) -> set:
+  """Rewrites `path` without records of steps after `step`, nor a torn last line (atomically);
+  returns the (step, split) of each record kept."""
   if not os.path.exists(path):
-    return
+    return set()
   with open(path, encoding='utf-8') as f:
     lines = f.readlines()
-  kept = []
+  kept, records = [], set()
   for line in lines:
     try:
-      if json.loads(line)['step'] <= step and line.endswith('\n'):
+      record = json.loads(line)
+      if record['step'] <= step and line.endswith('\n'):
         kept.append(line)
+        records.add((record['step'], record.get('split')))
     except (ValueError, KeyError, TypeError):
       pass  # the torn last line of a killed run holds no whole record
 
-  if len(kept) == len(lines):
-    return
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    f.writelines(kept)
-  os.replace(path + '.tmp', path)
+  if len(kept) < len(lines):
+    with open(path + '.tmp', 'w', encoding='utf-8') as f:
+      f.writelines(kept)
+    os.replace(path + '.tmp', path)
+  return records

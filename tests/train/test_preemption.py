@@ -3,6 +3,7 @@ the process says `stopped at step N; rerun the same command to resume`, and the 
 bit-identical to a run that was never stopped — with one process, and when only one of
 two processes is signalled (both stop after the same step)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -12,10 +13,13 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from tests.subprocess_util import REPO_ROOT
 from tests.train.test_multiprocess import _free_port
 from train import checkpoint
+from train import loop
+from train import parallel
 
 _CONFIG = os.path.join(REPO_ROOT, 'experiments', 'configs', 'digits_mlp.py')
 
@@ -127,3 +131,54 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(tmp_path
   assert [p.returncode for p in processes] == [0, 0], reruns[0][-2000:]
   assert f'resuming from step {at} of {steps}' in reruns[0]  # process 0 speaks for both
   _assert_same_end(straight, stopped, steps)
+
+
+def _stop_config(data_dir):
+  from experiments.configs import digits_mlp  # pylint: disable=g-import-not-at-top
+  config = digits_mlp.get_config()
+  config.data.data_dir = data_dir
+  config.num_train_steps, config.optimizer.warmup_steps = 4, 1
+  config.log_every_steps = config.eval_every_steps = config.checkpoint_every_steps = 2
+  return config
+
+
+def _eval_records(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    records = [json.loads(line) for line in f]
+  return [r for r in records if r['split'] == 'eval']
+
+
+@pytest.mark.parametrize('stop_at', [2, 4])
+def test_an_evaluation_a_stop_skipped_runs_on_resuming_and_is_recorded_once(
+    stop_at, data_dir, tmp_path, monkeypatch):
+  # SIGTERM during step 2 (due an evaluation) or step 4 (the last) of a run that evaluates
+  # every 2 steps: the stopped run saves and exits without evaluating. Its evaluation was
+  # lost: the rerun resumed past it (or, after the last step, found the run finished), so
+  # metrics.jsonl lacked the eval record of that step.
+  straight = str(tmp_path / 'straight')
+  loop.setup(_stop_config(data_dir), straight).train()
+
+  compile_train_step = parallel.Parallel.compile_train_step
+
+  def compile_with_a_stop(self, *args, **kwargs):
+    step_fn, calls = compile_train_step(self, *args, **kwargs), []
+
+    def step(state, batch):
+      calls.append(None)
+      if len(calls) == stop_at:
+        os.kill(os.getpid(), signal.SIGTERM)  # the loop's own handler records it
+      return step_fn(state, batch)
+    return step
+
+  stopped = str(tmp_path / 'stopped')
+  with monkeypatch.context() as patch:
+    patch.setattr(parallel.Parallel, 'compile_train_step', compile_with_a_stop)
+    with pytest.raises(loop.Stopped, match=f'stopped at step {stop_at};'):
+      loop.setup(_stop_config(data_dir), stopped).train()
+  assert [r['step'] for r in _eval_records(stopped)] == [2] * (stop_at == 4)
+
+  expected = _eval_records(straight)
+  assert [r['step'] for r in expected] == [2, 4]
+  for _ in range(2):  # the resumed run, then a rerun of the finished run
+    loop.setup(_stop_config(data_dir), stopped).train()
+    assert _eval_records(stopped) == expected
