@@ -34,6 +34,17 @@ def _check(owner: str, cell: str, features: int, num_layers: int, dropout_rate: 
     raise ValueError(f'{owner} dropout_rate must lie in [0, 1), got {dropout_rate!r}.')
 
 
+def _check_sizes(owner: str, optional: tuple[str, ...] = (), **sizes) -> None:
+  """One sentence for a size (a width, a vocabulary, a class count) that is not a positive
+  integer; the names in `optional` may also be None."""
+  for name, value in sizes.items():
+    if value is None and name in optional:
+      continue
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      allowed = 'None or a positive integer' if name in optional else 'a positive integer'
+      raise ValueError(f'{owner} {name} must be {allowed}, got {value!r}.')
+
+
 class SequenceInput(nn.Module):
   """Token ids [B, T] → embeddings [B, T, E]; real values [B, T] → [B, T, 1]; [B, T, C] as is."""
   vocab_size: int | None = None
@@ -75,6 +86,8 @@ class RNNClassifier(nn.Module):
 
   def __post_init__(self):
     _check('RNNClassifier', self.cell, self.features, self.num_layers, self.dropout_rate)
+    _check_sizes('RNNClassifier', ('vocab_size',), num_classes=self.num_classes,
+                 vocab_size=self.vocab_size, embed_dim=self.embed_dim)
     if self.readout not in ('last', 'mean', 'max'):
       raise ValueError(f"RNNClassifier readout={self.readout!r}; allowed: last, mean, max.")
     super().__post_init__()
@@ -121,6 +134,8 @@ class RNNTagger(nn.Module):
 
   def __post_init__(self):
     _check('RNNTagger', self.cell, self.features, self.num_layers, self.dropout_rate)
+    _check_sizes('RNNTagger', ('vocab_size',), num_tags=self.num_tags,
+                 vocab_size=self.vocab_size, embed_dim=self.embed_dim)
     super().__post_init__()
 
   @nn.compact
@@ -153,6 +168,7 @@ class RNNLanguageModel(nn.Module):
 
   def __post_init__(self):
     _check('RNNLanguageModel', self.cell, self.features, self.num_layers, self.dropout_rate)
+    _check_sizes('RNNLanguageModel', vocab_size=self.vocab_size, embed_dim=self.embed_dim)
     super().__post_init__()
 
   @nn.compact
@@ -233,6 +249,9 @@ class Seq2Seq(nn.Module):
 
   def __post_init__(self):
     _check('Seq2Seq', self.cell, self.features, self.num_layers, self.dropout_rate)
+    _check_sizes('Seq2Seq', ('source_vocab_size',), vocab_size=self.vocab_size,
+                 source_vocab_size=self.source_vocab_size, embed_dim=self.embed_dim,
+                 attention_features=self.attention_features)
     if self.source not in ('tokens', 'sequence', 'vector'):
       raise ValueError(f"Seq2Seq source={self.source!r}; allowed: tokens, sequence, vector.")
     if self.attention not in ('none',) + attention_lib.SCORES:

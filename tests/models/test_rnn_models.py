@@ -342,3 +342,32 @@ def test_tagger_outputs_one_distribution_per_step_that_depends_on_both_sides():
 def test_seq2seq_option_errors_name_the_value(options, message):
   with pytest.raises(ValueError, match=message):
     registry.build('seq2seq', vocab_size=64, **options)
+
+
+@pytest.mark.parametrize('name, options, message', [
+    ('seq2seq', dict(vocab_size=64, attention='additive', attention_features=0),
+     'Seq2Seq attention_features must be a positive integer, got 0.'),
+    ('seq2seq', dict(vocab_size=64, embed_dim=-1),
+     'Seq2Seq embed_dim must be a positive integer, got -1.'),
+    # 0 was read as "not given" and replaced by vocab_size.
+    ('seq2seq', dict(vocab_size=64, source_vocab_size=0),
+     'Seq2Seq source_vocab_size must be None or a positive integer, got 0.'),
+    ('vector_to_sequence', dict(vocab_size=0),
+     'Seq2Seq vocab_size must be a positive integer, got 0.'),
+    ('rnn_classifier', dict(num_classes=0),
+     'RNNClassifier num_classes must be a positive integer, got 0.'),
+    ('rnn_classifier', dict(num_classes=3, vocab_size=60, embed_dim=2.5),
+     'RNNClassifier embed_dim must be a positive integer, got 2.5.'),
+    ('rnn_tagger', dict(num_tags=0), 'RNNTagger num_tags must be a positive integer, got 0.'),
+    ('rnn_tagger', dict(num_tags=2, vocab_size=-3),
+     'RNNTagger vocab_size must be None or a positive integer, got -3.'),
+    ('rnn_lm', dict(vocab_size=60, embed_dim=0),
+     'RNNLanguageModel embed_dim must be a positive integer, got 0.'),
+])
+def test_sizes_that_are_not_positive_integers_stop_at_construction(name, options, message):
+  # Each was accepted and failed inside init (ZeroDivisionError, a negative shape) without
+  # naming the option, or, for source_vocab_size=0, silently replaced.
+  with pytest.raises(ValueError) as error:
+    registry.build(name, **options)
+  assert str(error.value) == message
+
