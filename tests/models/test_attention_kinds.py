@@ -125,6 +125,34 @@ def test_options_that_leave_the_result_unchanged_still_reach_the_kind(
       assert received[name] == value, (name, received)
 
 
+@pytest.mark.parametrize('orthogonal', [True, False])
+def test_performer_attends_with_the_features_its_options_ask_for(monkeypatch, orthogonal):
+  # num_features and orthogonal set the features drawn, not an argument of
+  # performer_attention, so the test above cannot see them; a layer that drew its default 256
+  # orthogonal features whatever the config said passed every other test.
+  used = []
+  original = kinds.performer_lib.performer_attention
+  monkeypatch.setattr(kinds.performer_lib, 'performer_attention',
+                      lambda q, k, v, features_MxH, **kw: used.append(np.asarray(features_MxH))
+                      or original(q, k, v, features_MxH, **kw))
+  layer, params, x = layer_and_params(
+      attention='performer', attention_options=(('num_features', 6), ('orthogonal', orthogonal)))
+  used.clear()  # The one from init.
+  for train in (False, True):
+    layer.apply({'params': params}, x, causal=True, train=train,
+                rngs={'features': jax.random.PRNGKey(3)})
+  assert len(used) == 2
+  head_dim = D // N
+  for features_MxH in used:
+    assert features_MxH.shape == (6, head_dim)
+    # Rows are orthogonal within each block of H = 4 (here rows 0–3 and 4–5); Gaussian rows
+    # drawn independently are not (their dot products are of order H).
+    for block_BxH in (features_MxH[:head_dim], features_MxH[head_dim:]):
+      gram = block_BxH @ block_BxH.T
+      off_diagonal = np.abs(gram - np.diag(np.diag(gram))).max()
+      assert (off_diagonal < 1e-4) == orthogonal, gram
+
+
 def test_performer_draws_features_from_its_stream_in_training_and_a_fixed_draw_otherwise():
   layer, params, x = layer_and_params(attention='performer',
                                       attention_options=(('num_features', 8), ('block', 4)))
