@@ -169,12 +169,22 @@ def test_performer_draws_features_from_its_stream_in_training_and_a_fixed_draw_o
                               registry.build('gpt', vocab_size=5))) == {'dropout'}
 
 
-def test_linformer_layer_owns_its_projections_sized_by_max_length():
+@pytest.mark.parametrize('share_kv', [False, True])
+def test_linformer_layer_owns_its_projections_sized_by_max_length(share_kv):
   layer = core.MultiHeadAttention(N, attention='linformer', max_length=16,
-                                  attention_options=(('projected_length', 4),))
-  params = layer.init(jax.random.PRNGKey(0), draw((1, T, D), 3))['params']
-  shapes = jax.tree.map(np.shape, nn.unbox(params['attend']['projections']))
-  assert shapes == {'proj_e': (4, 16), 'proj_f': (4, 16)}
+                                  attention_options=(('projected_length', 4),
+                                                     ('share_kv', share_kv)))
+  x = draw((2, T, D), 3)
+  params = nn.unbox(layer.init(jax.random.PRNGKey(0), x)['params'])
+  own = params['attend']['projections']
+  # With share_kv one matrix E projects both the keys and the values (F = E).
+  assert jax.tree.map(np.shape, own) == (
+      {'proj_e': (4, 16)} if share_kv else {'proj_e': (4, 16), 'proj_f': (4, 16)})
+  e = own['proj_e']
+  f = e if share_kv else own['proj_f']
+  q, k, v = projections(params, x)
+  want = merge(params, np.asarray(kinds.linformer_lib.linformer_attention(q, k, v, e, f)))
+  np.testing.assert_allclose(layer.apply({'params': params}, x), want, rtol=1e-4, atol=1e-5)
   exact = registry.build('gpt', vocab_size=5, num_layers=1, features=D, num_heads=N)
   assert 'attend' not in nn.unbox(exact.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))
                                   ['params'])['block0']['self_attention']
