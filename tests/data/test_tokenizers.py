@@ -15,7 +15,7 @@ import regex
 from data import tokenizers
 from tests.messages import assert_one_sentence
 
-SEED_WORDS = {'hug': 10, 'pug': 5, 'pun': 12, 'bun': 4, 'hugs': 5}
+HUG_PUG_WORDS = {'hug': 10, 'pug': 5, 'pun': 12, 'bun': 4, 'hugs': 5}
 
 CORPUS = """\
 The quick brown fox jumps over the lazy dog; the dog sleeps, the fox runs.
@@ -81,21 +81,21 @@ def bpe():
 
 def _segmented_table(result):
   """The worked table: each word's current segmentation with the word's frequency."""
-  return {result.segments[word]: count for word, count in SEED_WORDS.items()}
+  return {result.segments[word]: count for word, count in HUG_PUG_WORDS.items()}
 
 
-def test_seed_example_base_vocabulary():
-  assert tokenizers.char_bpe(SEED_WORDS, 0).vocab == ['b', 'g', 'h', 'n', 'p', 's', 'u']
+def test_hug_pug_example_base_vocabulary():
+  assert tokenizers.char_bpe(HUG_PUG_WORDS, 0).vocab == ['b', 'g', 'h', 'n', 'p', 's', 'u']
 
 
-def test_seed_example_first_pair_table():
-  counts = tokenizers.count_pairs(_segmented_table(tokenizers.char_bpe(SEED_WORDS, 0)))
+def test_hug_pug_example_first_pair_table():
+  counts = tokenizers.count_pairs(_segmented_table(tokenizers.char_bpe(HUG_PUG_WORDS, 0)))
   assert counts.most_common(5) == [(('u', 'g'), 20), (('p', 'u'), 17), (('u', 'n'), 16),
                                    (('h', 'u'), 15), (('g', 's'), 5)]
 
 
-def test_seed_example_second_pair_table():
-  result = tokenizers.char_bpe(SEED_WORDS, 1)
+def test_hug_pug_example_second_pair_table():
+  result = tokenizers.char_bpe(HUG_PUG_WORDS, 1)
   assert result.segments == {'hug': ('h', 'ug'), 'pug': ('p', 'ug'), 'pun': ('p', 'u', 'n'),
                              'bun': ('b', 'u', 'n'), 'hugs': ('h', 'ug', 's')}
   top = tokenizers.count_pairs(_segmented_table(result)).most_common(5)
@@ -103,8 +103,8 @@ def test_seed_example_second_pair_table():
   assert set(top[3:]) == {(('p', 'ug'), 5), (('ug', 's'), 5)}
 
 
-def test_seed_example_final_merges_vocabulary_and_segmentation():
-  result = tokenizers.char_bpe(SEED_WORDS, 3)
+def test_hug_pug_example_final_merges_vocabulary_and_segmentation():
+  result = tokenizers.char_bpe(HUG_PUG_WORDS, 3)
   assert result.merges == [('u', 'g'), ('u', 'n'), ('h', 'ug')]
   assert result.vocab == ['b', 'g', 'h', 'n', 'p', 's', 'u', 'ug', 'un', 'hug']
   assert result.segments == {'hug': ('hug',), 'pug': ('p', 'ug'), 'pun': ('p', 'un'),
@@ -127,7 +127,7 @@ def test_learn_bpe_matches_naive_recounting(seed):
 
 
 def test_learn_bpe_stops_at_vocab_size_or_when_no_pair_is_left():
-  assert len(tokenizers.learn_bpe(SEED_WORDS, 'bghnpsu', vocab_size=9).vocab) == 9
+  assert len(tokenizers.learn_bpe(HUG_PUG_WORDS, 'bghnpsu', vocab_size=9).vocab) == 9
   result = tokenizers.learn_bpe({'ab': 3}, 'ab', vocab_size=10)
   assert result.merges == [('a', 'b')] and result.segments == {'ab': ('ab',)}
 

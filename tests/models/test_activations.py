@@ -21,7 +21,7 @@ def _sigmoid(x):
   return 1 / (1 + np.exp(-x))
 
 
-SEED_FORMULAS = {
+FORMULAS = {
     'sigmoid': _sigmoid,
     'tanh': lambda x: (np.exp(x) - np.exp(-x)) / (np.exp(x) + np.exp(-x)),
     'relu': lambda x: np.maximum(0, x),
@@ -39,18 +39,18 @@ def _points(n=401, scale=6.0):
   return np.concatenate([grid, rand]).astype(np.float32)
 
 
-def test_every_activation_has_a_seed_formula_and_a_derivative():
-  assert set(activations.ACTIVATIONS) == set(SEED_FORMULAS) == set(activations.DERIVATIVES)
+def test_every_activation_has_a_formula_and_a_derivative():
+  assert set(activations.ACTIVATIONS) == set(FORMULAS) == set(activations.DERIVATIVES)
 
 
-@pytest.mark.parametrize('name', sorted(SEED_FORMULAS))
-def test_activation_equals_seed_formula(name):
+@pytest.mark.parametrize('name', sorted(FORMULAS))
+def test_activation_equals_its_formula(name):
   x = _points()
   got = np.asarray(activations.get(name)(jnp.asarray(x)))
-  np.testing.assert_allclose(got, SEED_FORMULAS[name](x.astype(np.float64)), rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(got, FORMULAS[name](x.astype(np.float64)), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize('name', sorted(SEED_FORMULAS))
+@pytest.mark.parametrize('name', sorted(FORMULAS))
 def test_hand_derivative_equals_jax_grad(name):
   x = jnp.asarray(_points())
   fn = activations.get(name)
@@ -58,19 +58,19 @@ def test_hand_derivative_equals_jax_grad(name):
   np.testing.assert_allclose(activations.derivative(name)(x), autodiff, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize('name', sorted(SEED_FORMULAS))
+@pytest.mark.parametrize('name', sorted(FORMULAS))
 def test_hand_derivative_agrees_with_jax_grad_at_the_origin(name):
   zero = jnp.zeros((1,))
   autodiff = jax.vmap(jax.grad(activations.get(name)))(zero)
   np.testing.assert_allclose(activations.derivative(name)(zero), autodiff, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize('name', sorted(SEED_FORMULAS))
+@pytest.mark.parametrize('name', sorted(FORMULAS))
 def test_hand_derivative_equals_central_difference(name):
   # An independent check of the hand derivations, in float64 on the defining formula.
   x = _points().astype(np.float64)
   h = 1e-5
-  numeric = (SEED_FORMULAS[name](x + h) - SEED_FORMULAS[name](x - h)) / (2 * h)
+  numeric = (FORMULAS[name](x + h) - FORMULAS[name](x - h)) / (2 * h)
   np.testing.assert_allclose(activations.derivative(name)(jnp.asarray(x, jnp.float32)), numeric,
                              rtol=1e-5, atol=1e-5)
 

@@ -99,7 +99,7 @@ def test_squared_error_targets_of_another_shape_than_the_output_are_refused():
   one_sentence(lambda: backprop.output_delta(jnp.ones((4, 1)), jnp.ones(4), 'squared_error'), '(4, 1)', '(4,)')
 
 
-def test_backprop_on_plain_layer_lists_follows_the_seed_single_example_formulas():
+def test_backprop_on_plain_layer_lists_follows_the_single_example_formulas():
   # With one example: ∂L/∂w_ij(l) = δ_j(l) x_i(l-1), ∂L/∂b_j(l) = δ_j(l).
   layers = _random_layers((3, 4, 2), seed=7)
   x_1xD = jnp.array([[0.5, -1.0, 2.0]])

@@ -247,7 +247,7 @@ def test_1d_relu_conv_golden_value():
   np.testing.assert_array_equal(nn.relu(pre_activation), [0., 11., 0., 6.])
 
 
-def _seed_formula_convolution(f, x):
+def _textbook_convolution(f, x):
   """(f ∗ x)(i, j) = Σ_m Σ_n f(m, n) x(i − m, j − n) on positions where every x index exists."""
   kh, kw = f.shape
   h, w = x.shape
@@ -281,7 +281,7 @@ def test_flax_conv_is_cross_correlation_not_convolution():
   x = np.random.default_rng(0).normal(size=(5, 6))
   flax_output = _flax_conv_2d(f, x)
   np.testing.assert_allclose(flax_output, _cross_correlation_2d(f, x), rtol=1e-5, atol=1e-5)
-  assert not np.allclose(flax_output, _seed_formula_convolution(f, x), atol=1e-2)
+  assert not np.allclose(flax_output, _textbook_convolution(f, x), atol=1e-2)
 
 
 def test_flax_conv_with_flipped_kernel_is_mathematical_convolution():
@@ -289,9 +289,9 @@ def test_flax_conv_with_flipped_kernel_is_mathematical_convolution():
   # a true convolution is a cross-correlation with f[::-1, ::-1]. Fails if only one axis flips.
   f = np.array([[1., 2., 0.], [-1., 3., 4.]])
   x = np.random.default_rng(1).normal(size=(5, 6))
-  np.testing.assert_allclose(_flax_conv_2d(f[::-1, ::-1], x), _seed_formula_convolution(f, x),
+  np.testing.assert_allclose(_flax_conv_2d(f[::-1, ::-1], x), _textbook_convolution(f, x),
                              rtol=1e-5, atol=1e-5)
-  assert not np.allclose(_flax_conv_2d(f[::-1, :], x), _seed_formula_convolution(f, x), atol=1e-2)
+  assert not np.allclose(_flax_conv_2d(f[::-1, :], x), _textbook_convolution(f, x), atol=1e-2)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ def _normal(seed, shape, scale=1.0, shift=0.0):
 # Maxout (Goodfellow et al. 2013).
 
 
-def test_maxout_reproduces_the_seed_figure():
+def test_maxout_reproduces_the_two_piece_example():
   # A two-piece example: max{x1 - 0.5 x2 + 1, -2 x1 + x2 - 2}.
   params = {'params': {'Dense_0': {'kernel': jnp.array([[1.0, -2.0], [-0.5, 1.0]]),
                                    'bias': jnp.array([1.0, -2.0])}}}
@@ -135,14 +135,14 @@ def _layer_norm_reference(x, scale, bias, axes, eps):
   return scale * (x - mu) / np.sqrt(var + eps) + bias
 
 
-def test_layer_norm_over_features_equals_seed_001_formula():
+def test_layer_norm_over_features_equals_its_formula():
   x_BxD = _normal(11, (5, 16), scale=3.0, shift=2.0)
   scale, bias = _normal(12, (16,)), _normal(13, (16,))
   got = nn.LayerNorm(epsilon=1e-6).apply({'params': {'scale': scale, 'bias': bias}}, x_BxD)
   np.testing.assert_allclose(got, _layer_norm_reference(x_BxD, scale, bias, -1, 1e-6), **TOL)
 
 
-def test_layer_norm_over_all_non_batch_axes_equals_seed_004_formula():
+def test_layer_norm_over_all_non_batch_axes_equals_its_formula():
   # Ba et al. 2016: mean and variance over T_{b,•,•}, with γ_{n,c}, β_{n,c}.
   x_BxNxC = _normal(14, (4, 3, 5), scale=2.0, shift=-1.0)
   scale, bias = _normal(15, (3, 5)), _normal(16, (3, 5))
@@ -205,7 +205,7 @@ def test_batch_norm_on_nhwc_feature_maps_uses_per_channel_statistics():
   np.testing.assert_allclose(updates['batch_stats']['mean'], 0.01 * mean_C, **TOL)
 
 
-def test_batch_norm_per_position_equals_seed_004_formula():
+def test_batch_norm_per_position_equals_its_formula():
   # Ioffe & Szegedy 2015: (T_{b,n,c} - mean(T_{•,n,c})) / sqrt(var(T_{•,n,c}) + ε).
   x_BxNxC = _normal(42, (6, 3, 4), scale=3.0)
   layer = nn.BatchNorm(use_running_average=False, axis=(1, 2), use_scale=False, use_bias=False)

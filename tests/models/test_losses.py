@@ -82,7 +82,7 @@ def test_total_variation_is_the_largest_event_probability_gap():
 
 
 @pytest.mark.parametrize('order', [1.0, 2.0, 3.5])
-def test_lp_distance_equals_the_seed_sum(order):
+def test_lp_distance_equals_the_written_out_sum(order):
   rng = np.random.default_rng(1)
   p, q = rng.dirichlet(np.ones(C), size=3), rng.dirichlet(np.ones(C), size=3)
   expected = [sum(abs(p[b, i] - q[b, i]) ** order for i in range(C)) ** (1 / order) for b in range(3)]
@@ -226,7 +226,7 @@ def test_traced_labels_outside_the_classes_give_nan_for_their_example_only():
 # Regression losses.
 
 
-def test_mean_squared_and_absolute_errors_equal_the_seed_average():
+def test_mean_squared_and_absolute_errors_equal_the_written_out_average():
   rng = np.random.default_rng(4)
   v, w = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
   for loss, power in [(losses.mean_squared_error, 2), (losses.mean_absolute_error, 1)]:

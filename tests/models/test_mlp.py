@@ -43,7 +43,7 @@ def _perturbed(variables, seed=0):
 
 @pytest.mark.parametrize('activation', sorted(NUMPY_PHI))
 @pytest.mark.parametrize('features', [(3,), (5, 3), (6, 4, 4, 2)])
-def test_forward_equals_seed_layer_recursion(activation, features):
+def test_forward_equals_the_layer_recursion(activation, features):
   model = MLP(features, activation=activation)
   x_BxHxW = jax.random.normal(jax.random.key(1), (4, 2, 3))
   variables = _perturbed(model.init(jax.random.key(0), x_BxHxW))
@@ -100,7 +100,7 @@ def test_residual_adds_skip_connections_where_widths_agree_and_keeps_parameter_n
   assert np.max(np.abs(expected - plain)) > 1e-2
 
 
-def test_layer_norm_option_equals_seed_formula_in_training_and_inference():
+def test_layer_norm_option_equals_its_formula_in_training_and_inference():
   features = (6, 6, 3)
   model = MLP(features, activation='relu', layer_norm=True)
   x_BxD = jax.random.normal(jax.random.key(3), (4, 5))

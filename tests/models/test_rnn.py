@@ -24,7 +24,7 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 BF16_ATOL = 6e-2
 
 # Shapes of each cell's parameters in the equations' notation: W_* ∈ R^{H×C}, U_* ∈ R^{H×H}, b_* ∈ R^H.
-SEED_SHAPES = {
+EQUATION_SHAPES = {
     'elman': {'W_xh': 'HC', 'W_hh': 'HH', 'b_h': 'H'},
     'lstm': {**{f'W_{g}': 'HC' for g in 'fioc'}, **{f'U_{g}': 'HH' for g in 'fioc'},
              **{f'b_{g}': 'H' for g in 'fioc'}},
@@ -34,12 +34,12 @@ SEED_SHAPES = {
 CELL_MODULE = {'elman': 'SimpleCell_0', 'lstm': 'OptimizedLSTMCell_0', 'gru': 'GRUCell_0'}
 
 
-def seed_params(kind, in_features, features, seed):
+def equation_params(kind, in_features, features, seed):
   """Distinct, non-trivial weights U(−0.9, 0.9), rounded to float32 and held in float64."""
   rng = np.random.default_rng(seed)
   dims = {'C': in_features, 'H': features}
   return {name: rng.uniform(-0.9, 0.9, [dims[d] for d in spec]).astype(np.float32).astype(np.float64)
-          for name, spec in SEED_SHAPES[kind].items()}
+          for name, spec in EQUATION_SHAPES[kind].items()}
 
 
 def flax_params(kind, p):
@@ -65,7 +65,7 @@ def sigmoid(a):
   return 1 / (1 + np.exp(-a))
 
 
-def seed_step(kind, p, carry, x):
+def equation_step(kind, p, carry, x):
   """One step of the cell equations for one example (column vectors)."""
   if kind == 'elman':  # h_t = tanh(W_xh x_t + W_hh h_{t−1} + b_h)
     return np.tanh(p['W_xh'] @ x + p['W_hh'] @ carry + p['b_h'])
@@ -113,7 +113,7 @@ def reference_layer(kind, p, x_BxTxC, lengths_B, reverse=False, carry0=None):
     carry = zero_carry(kind, features) if carry0 is None else carry_of_example(carry0, b)
     order = range(lengths_B[b] - 1, -1, -1) if reverse else range(lengths_B[b])
     for t in order:
-      carry = seed_step(kind, p, carry, x[b, t])
+      carry = equation_step(kind, p, carry, x[b, t])
       y_BxTxH[b, t] = hidden(kind, carry)
     finals.append(carry)
   return y_BxTxH, stack_carries(kind, finals)
@@ -155,8 +155,8 @@ LENGTHS = np.array([7, 4, 0, 1])
 
 
 @pytest.mark.parametrize('kind', rnn.CELLS)
-def test_cell_follows_the_seed_equations(kind):
-  p = seed_params(kind, C, H, seed=1)
+def test_cell_follows_the_papers_equations(kind):
+  p = equation_params(kind, C, H, seed=1)
   cell = rnn.make_cell(kind, H)
   x_BxTxC = inputs(2, 5, C, seed=2)
   carry = random_carry(kind, 2, H, seed=3)
@@ -165,16 +165,16 @@ def test_cell_follows_the_seed_equations(kind):
   step = jax.jit(cell.apply)
   for t in range(5):
     carry, y_BxH = step(variables, carry, x_BxTxC[:, t])
-    expected = [seed_step(kind, p, e, np.asarray(x_BxTxC[b, t], np.float64))
+    expected = [equation_step(kind, p, e, np.asarray(x_BxTxC[b, t], np.float64))
                 for b, e in enumerate(expected)]
     assert_trees_close(carry, stack_carries(kind, expected), **TOL)
     np.testing.assert_allclose(y_BxH, np.stack([hidden(kind, e) for e in expected]), **TOL)
 
 
-def test_flax_gru_cell_is_not_the_seed_gru():
+def test_flax_gru_cell_is_not_cho_et_al_gru():
   """Flax's nn.GRUCell applies r after the recurrent product (h̃ = tanh(W_h x + b_h + r ⊙ (U_h h)));
   Cho et al.'s h̃ = tanh(W_h x + U_h (r ⊙ h) + b_h) is why rnn.GRUCell exists."""
-  p = seed_params('gru', C, H, seed=4)
+  p = equation_params('gru', C, H, seed=4)
   t = lambda m: jnp.asarray(m.T, jnp.float32)
   variables = {'params': {
       'ir': {'kernel': t(p['W_r']), 'bias': t(p['b_r'])},
@@ -188,17 +188,17 @@ def test_flax_gru_cell_is_not_the_seed_gru():
   got, _ = flax_cell.apply(checked(flax_cell, variables, h_BxH, x_BxC), h_BxH, x_BxC)
   ours, _ = rnn.GRUCell(H).apply({'params': flax_params('gru', p)}, h_BxH, x_BxC)
   x, h = np.asarray(x_BxC, np.float64), np.asarray(h_BxH, np.float64)
-  seed_form = np.stack([seed_step('gru', p, h[b], x[b]) for b in range(2)])
+  cho_form = np.stack([equation_step('gru', p, h[b], x[b]) for b in range(2)])
   r = sigmoid(x @ p['W_r'].T + h @ p['U_r'].T + p['b_r'])
   z = sigmoid(x @ p['W_z'].T + h @ p['U_z'].T + p['b_z'])
   cudnn_form = z * h + (1 - z) * np.tanh(x @ p['W_h'].T + p['b_h'] + r * (h @ p['U_h'].T))
   np.testing.assert_allclose(got, cudnn_form, **TOL)  # Flax's cell is the cuDNN form …
-  assert np.max(np.abs(np.asarray(got) - seed_form)) > 1e-2  # … not Cho et al.'s,
-  np.testing.assert_allclose(ours, seed_form, **TOL)  # which ours is.
+  assert np.max(np.abs(np.asarray(got) - cho_form)) > 1e-2  # … not Cho et al.'s,
+  np.testing.assert_allclose(ours, cho_form, **TOL)  # which ours is.
 
 
 def test_gru_cell_takes_any_leading_batch_axes():
-  p = seed_params('gru', C, H, seed=40)
+  p = equation_params('gru', C, H, seed=40)
   variables = {'params': flax_params('gru', p)}
   x_2x5xC = inputs(2, 5, C, seed=41)
   h_2x5xH = random_carry('gru', 10, H, seed=42).reshape(2, 5, H)
@@ -219,7 +219,7 @@ def test_gru_cell_takes_any_leading_batch_axes():
 def test_recurrent_runs_the_cell_over_exactly_the_valid_prefix(kind, reverse):
   """Against the reference loop over x[b, :length] (backwards with `reverse`), from zeros and from a
   given initial carry; lengths=None means every step."""
-  p = seed_params(kind, C, H, seed=7)
+  p = equation_params(kind, C, H, seed=7)
   layer = rnn.Recurrent(kind, H, reverse=reverse)
   x_BxTxC = inputs(B, T, C, seed=8)
   carry0 = random_carry(kind, B, H, seed=9)
@@ -248,7 +248,7 @@ def test_recurrent_runs_the_cell_over_exactly_the_valid_prefix(kind, reverse):
 
 @pytest.mark.parametrize('kind', rnn.CELLS)
 def test_reverse_equals_forward_on_the_reversed_valid_prefix(kind):
-  p = seed_params(kind, C, H, seed=14)
+  p = equation_params(kind, C, H, seed=14)
   variables = recurrent_variables(kind, p)
   x_BxTxC = inputs(B, T, C, seed=15)
   x_flipped = np.array(x_BxTxC)
@@ -268,12 +268,12 @@ def test_reverse_equals_forward_on_the_reversed_valid_prefix(kind):
 
 
 def rnn_params(kind, num_layers, bidirectional, seed):
-  """`seed_params` for every layer and direction: ([[p_forward, p_backward], …], variables)."""
+  """`equation_params` for every layer and direction: ([[p_forward, p_backward], …], variables)."""
   params, drawn = {}, []
   directions = ('forward', 'backward') if bidirectional else ('forward',)
   for layer in range(num_layers):
     in_features = C if layer == 0 else H * len(directions)
-    drawn.append([seed_params(kind, in_features, H, seed=seed + 10 * layer + k)
+    drawn.append([equation_params(kind, in_features, H, seed=seed + 10 * layer + k)
                   for k in range(len(directions))])
     for direction, p in zip(directions, drawn[-1]):
       params[f'layer{layer}_{direction}'] = {CELL_MODULE[kind]: flax_params(kind, p)}
@@ -410,7 +410,7 @@ def decode_step_by_step(module, variables, x_BxTxC):
 @pytest.mark.parametrize('kind', rnn.CELLS)
 def test_decode_one_step_at_a_time_equals_the_full_sequence(kind):
   x_BxTxC = inputs(B, T, C, seed=26)
-  p = seed_params(kind, C, H, seed=27)
+  p = equation_params(kind, C, H, seed=27)
   layer = rnn.Recurrent(kind, H)
   cache0, y_BxTxH, cache = jax.jit(functools.partial(decode_step_by_step, layer))(
       recurrent_variables(kind, p), x_BxTxC)

@@ -11,7 +11,7 @@ from models import registry
 from models.sequence import rnn
 from models.sequence import rnn_models
 from tests.models.test_rnn import CELL_MODULE, carry_of_example, flax_params, hidden
-from tests.models.test_rnn import reference_rnn, seed_step
+from tests.models.test_rnn import reference_rnn, equation_step
 from tests.models.test_seq_attention import additive_score, dot_score
 from tests.models.test_seq_attention import reference as attention_loop
 from train import sampling
@@ -126,7 +126,7 @@ def seq2seq_reference(kind, score, params, targets_in_BxN, source_BxS, lengths_B
       context, weights_BxNxS[b, t] = context_1xH[0], weights_1xS[0]
       x = np.concatenate([embed_VxE[targets_in_BxN[b, t]], context])  # [E y_{t−1} ; c_t]
       for layer in range(num_layers):
-        carries[layer] = seed_step(kind, decoder_cells[layer], carries[layer], x)
+        carries[layer] = equation_step(kind, decoder_cells[layer], carries[layer], x)
         x = hidden(kind, carries[layer])
       logits_BxNxV[b, t] = w_o @ np.concatenate([x, context]) + b_o  # W_o [s_t ; c_t] + b_o
   return logits_BxNxV, weights_BxNxS
@@ -227,7 +227,7 @@ def vector_to_sequence_reference(kind, params, targets_in_BxN, vectors):
     for t in range(steps):
       x = embed_VxE[targets_in_BxN[b, t]]
       for layer in range(num_layers):
-        carries[layer] = seed_step(kind, decoder_cells[layer], carries[layer], x)
+        carries[layer] = equation_step(kind, decoder_cells[layer], carries[layer], x)
         x = hidden(kind, carries[layer])
       logits_BxNxV[b, t] = w_o @ x + b_o
   return logits_BxNxV
