@@ -749,3 +749,83 @@ def test_bad_batches_raise_clear_errors():
     augment.build_augmentation(['mixup'])(key, {'image': images, 'label': np.arange(2)})
   with pytest.raises(ValueError, match='float images of shape'):
     augment.build_augmentation(['rotation'])(key, {'image': np.zeros((2, 4, 4, 3), np.uint8)})
+
+
+# Placement and defaults.
+
+
+def test_random_erasing_box_lies_anywhere_inside_with_uniform_offsets():
+  # A quarter of an 8 x 8 image with aspect 1 is a 4 x 4 box: its top and left take each of
+  # the 5 values 0..4 with probability 1/5 (the box may touch the last row and column).
+  size, side, draws = 8, 4, 500
+  erase = jax.jit(jax.vmap(functools.partial(
+      augment.random_erasing, image_HxWxC=np.zeros((size, size, 1), np.float32),
+      area=(0.25, 0.25), aspect=(1.0, 1.0), fill=1.0)))
+  erased = np.asarray(erase(_keys(draws)))[..., 0] == 1
+  np.testing.assert_array_equal(erased.sum(axis=(1, 2)), side * side)
+  for axis in (1, 2):  # rows, then columns
+    covered = erased.any(axis=3 - axis)
+    first = covered.argmax(axis=1)
+    counts = np.bincount(first, minlength=size)
+    n, q = draws, 1 / (size - side + 1)
+    assert np.all(counts[size - side + 1:] == 0), counts
+    assert np.all(np.abs(counts[:size - side + 1] - n * q) < 5 * np.sqrt(n * q * (1 - q))), counts
+
+
+def test_cutout_centre_is_uniform_over_every_pixel():
+  # With size 2 the box covers rows centre - 1 and centre (clipped), so its last row is the
+  # centre; the centre is a uniform pixel, the last row and column included.
+  size, draws = 6, 600
+  image = np.full((size, size, 1), 0.5, np.float32)
+  cut = jax.jit(jax.vmap(functools.partial(augment.cutout, image_HxWxC=image, size=2)))
+  masked = np.asarray(cut(_keys(draws)))[..., 0] == 0
+  for axis in (1, 2):
+    covered = masked.any(axis=3 - axis)
+    last = size - 1 - covered[:, ::-1].argmax(axis=1)
+    counts = np.bincount(last, minlength=size)
+    n, q = draws, 1 / size
+    assert np.all(np.abs(counts - n * q) < 5 * np.sqrt(n * q * (1 - q))), counts
+
+
+def test_factor_range_starts_at_zero_when_max_delta_exceeds_one():
+  # max_delta 1.5 draws brightness factors from [max(0, -0.5), 2.5] = [0, 2.5]; values up to
+  # 0.35 stay unclipped at 2.5, so a negative factor would show as clipped zeros.
+  image = _rgb(shape=(4, 4, 3), low=0.2, high=0.35)
+  draw = jax.jit(jax.vmap(lambda key: augment.brightness(key, image, max_delta=1.5)))
+  outputs = np.asarray(draw(_keys(400)))
+  factors = np.array([_drawn_colour_change('brightness', image, out) for out in outputs])
+  _assert_uniform_sample(factors, 0.0, 2.5, atol=1e-4)
+
+
+@pytest.mark.parametrize('name, p', [('horizontal_flip', 0.5), ('vertical_flip', 0.5),
+                                     ('grayscale', 0.1)])
+def test_stages_without_p_use_the_documented_default_probability(name, p):
+  batch_size = 400
+  images = np.broadcast_to(_rgb(shape=(3, 4, 3)), (batch_size, 3, 4, 3))
+  out = augment.build_augmentation([name])(jax.random.key(1), {'image': images})
+  changed = sum(not np.array_equal(example, images[0]) for example in np.asarray(out['image']))
+  assert abs(changed - p * batch_size) < 4 * np.sqrt(batch_size * p * (1 - p))
+
+
+@pytest.mark.parametrize('spec', [
+    [('zoom', {'scale': (1.0, 1.0)})],
+    [('hue', {'max_delta': 0.5})],
+    [('affine', {'max_shear_degrees': 89})],
+    [('salt_and_pepper', {'amount': 1.0, 'salt_fraction': 0.0})],
+])
+def test_specs_at_the_edge_of_their_ranges_are_accepted(spec):
+  augment.build_augmentation(spec)
+
+
+@pytest.mark.parametrize('spec, message', [
+    ([('hue', {'max_delta': 0.6})], r'max_delta=0.6; it must be a number in \[0, 0.5\]'),
+    ([('color_jitter', {'hue': 0.75})], r'hue=0.75; it must be a number in \[0, 0.5\]'),
+    ([('affine', {'max_shear_degrees': 90})], r'it must be a number in \[0, 89\]'),
+    ([('translation', {'max_fraction': 1.5})], r'it must be a number in \[0, 1\]'),
+    ([('random_erasing', {'area': (0.0, 0.5)})], r'it must be a pair .* each a number in \(0, 1\]'),
+    ([('random_crop', {'padding': 2.0})], 'it must be an integer >= 0'),
+    ([('horizontal_flip', {'p': True})], r'p=True; it must be a number in \[0, 1\]'),
+])
+def test_out_of_range_parameters_are_refused(spec, message):
+  with pytest.raises(ValueError, match=message):
+    augment.build_augmentation(spec)
