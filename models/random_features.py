@@ -24,6 +24,10 @@ def rbf_kernel(x_NxD: jnp.ndarray, y_MxD: jnp.ndarray, gamma: float) -> jnp.ndar
   large norms of data far from the origin.
   """
   _check_gamma(gamma)
+  x_shape, y_shape = jnp.shape(x_NxD), jnp.shape(y_MxD)
+  if len(x_shape) != 2 or len(y_shape) != 2 or x_shape[1] != y_shape[1]:
+    raise ValueError(f'rbf_kernel takes two sets of rows of one width, N × D and M × D; got shapes '
+                     f'{x_shape} and {y_shape}.')
   centre_D = jnp.mean(x_NxD, axis=0)
   x_NxD, y_MxD = x_NxD - centre_D, y_MxD - centre_D
   sq_dist_NxM = (jnp.sum(x_NxD**2, axis=1)[:, None] + jnp.sum(y_MxD**2, axis=1)[None, :]

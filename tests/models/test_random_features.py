@@ -39,6 +39,15 @@ def test_rbf_kernel_of_data_far_from_the_origin_equals_direct_distances(gamma):
   np.testing.assert_allclose(np.diag(rff.rbf_kernel(jnp.asarray(x), jnp.asarray(x), gamma)), 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize('x_shape, y_shape', [((3, 4), (2, 1)), ((3, 1), (2, 4)), ((4,), (2, 4)),
+                                              ((3, 4), (4,))])
+def test_rbf_kernel_refuses_rows_of_another_width(x_shape, y_shape):
+  # exp(-γ‖x - y‖²) needs x and y in one space; a y of width 1 was broadcast against x's 4 columns.
+  x, y = jnp.ones(x_shape), jnp.ones(y_shape)
+  with pytest.raises(ValueError, match=r'N × D and M × D; got shapes'):
+    rff.rbf_kernel(x, y, GAMMA)
+
+
 def _mean_abs_errors(x, num_features):
   exact = rff.rbf_kernel(x, x, GAMMA)
 
