@@ -37,7 +37,10 @@ Any other name is looked up in the TFDS catalog and prepared by TFDS.
 Prepared data sets are kept under the data directory (`data_dir=`, else
 $JAXLAB_DATA_DIR, else TFDS's default, ~/tensorflow_datasets) and read from
 there on later calls; the local builders write `jaxlab_<name>/` so they never
-mix with a catalog copy of the same data set. A data set that is neither
+mix with a catalog copy of the same data set. A data set prepared from local files
+keeps their SHA-256: a later call naming other files (by `source_dir` or the
+builder's environment variable) is refused in one sentence instead of reading the
+copy prepared from the first ones. A data set that is neither
 prepared nor obtainable (its local files absent, or no network for a catalog
 one) fails within a few seconds with a FileNotFoundError saying what to supply.
 
@@ -133,6 +136,8 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
   if not _is_prepared(builder):
     _prepare(name, builder, source_dir)
     _check_split(name, split, _known_splits(builder))
+  elif name in LOCAL_BUILDERS and sources.reads_local_files(type(builder)):
+    sources.check_record(name, builder.data_dir, type(builder), source_dir)
   if builder.info.splits[split].num_examples == 0:
     raise ValueError(f'Split {split!r} of data set {name!r} holds no examples.')
   return builder.as_data_source(split=split)
@@ -247,6 +252,8 @@ def _prepare_local(name: str, builder, download_config) -> None:
     except BaseException:
       print('failed', file=sys.stderr, flush=True)  # the error's own line follows
       raise
+    if download_config is not None:
+      sources.write_record(builder.data_dir, type(builder), os.fspath(download_config.manual_dir))
     examples = sum(split.num_examples for split in builder.info.splits.values())
     print(f'done ({examples:,} examples, {time.perf_counter() - start:.1f} s)', file=sys.stderr,
           flush=True)

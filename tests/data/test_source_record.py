@@ -1,0 +1,69 @@
+"""A data set prepared from local files is not served for other files named later.
+
+Reference: the files' own bytes (two folders whose `input.txt` differ by one word, and a
+byte-for-byte copy in a third folder).
+"""
+
+import os
+import shutil
+
+import pytest
+
+from data import datasets
+from data.builders import sources
+from tests.messages import assert_one_sentence
+
+TEXT = 'First Citizen:\nBefore we proceed any further, hear me speak.\n' * 40
+
+
+@pytest.fixture(autouse=True)
+def no_outside_sources(monkeypatch):
+  for var in (datasets.DATA_DIR_ENV_VAR, 'TINY_SHAKESPEARE_DIR'):
+    monkeypatch.delenv(var, raising=False)
+
+
+def _folder(path, text):
+  path.mkdir()
+  (path / 'input.txt').write_text(text, encoding='utf-8')
+  return path
+
+
+def _files(data_dir):
+  return {p: p.read_bytes() for p in data_dir.rglob('*') if p.is_file() and '.lock' not in p.name}
+
+
+def test_other_files_named_later_are_refused_and_the_prepared_copy_is_kept(tmp_path, monkeypatch):
+  first = _folder(tmp_path / 'first', TEXT)
+  other = _folder(tmp_path / 'other', TEXT.replace('Citizen', 'Senator'))
+  data_dir = tmp_path / 'tfds'
+  train = datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=first)
+  assert train[0]['text'].decode('utf-8') == TEXT[:len(train[0]['text'])]
+  prepared = _files(data_dir)
+
+  with pytest.raises(ValueError) as error:  # it used to return the Citizen text
+    datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=other)
+  assert_one_sentence(str(error.value), "'tiny_shakespeare'", 'input.txt', str(other),
+                      'given by source_dir')
+  monkeypatch.setenv('TINY_SHAKESPEARE_DIR', str(other))
+  with pytest.raises(ValueError) as error:
+    datasets.load('tiny_shakespeare', 'validation', data_dir=data_dir)
+  assert_one_sentence(str(error.value), str(other), 'given by $TINY_SHAKESPEARE_DIR')
+  assert _files(data_dir) == prepared
+
+  # The files' contents decide, not their folder: a copy is the same data set.
+  copy = tmp_path / 'copy'
+  shutil.copytree(first, copy)
+  monkeypatch.setenv('TINY_SHAKESPEARE_DIR', str(copy))
+  assert datasets.load('tiny_shakespeare', 'train', data_dir=data_dir)[0] == train[0]
+
+
+def test_a_data_set_prepared_without_a_record_is_read_as_before(tmp_path):
+  first = _folder(tmp_path / 'first', TEXT)
+  other = _folder(tmp_path / 'other', TEXT.replace('Citizen', 'Senator'))
+  data_dir = tmp_path / 'tfds'
+  train = datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=first)
+  records = list(data_dir.rglob(sources.SOURCE_RECORD))
+  assert len(records) == 1
+  os.remove(records[0])
+  again = datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=other)
+  assert again[0] == train[0]
