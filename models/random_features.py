@@ -10,6 +10,7 @@ machine, with an error of order 1/√D.
 """
 
 import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -67,5 +68,7 @@ def approximate_kernel(features: RandomFourierFeatures, x_NxD: jnp.ndarray, y_Mx
 
 
 def _check_gamma(gamma: float) -> None:
-  if isinstance(gamma, (int, float)) and not gamma > 0:
+  # numbers.Real takes NumPy scalars too (1 / (D · x.var()) of float32 data is a np.float32);
+  # a traced γ under jit cannot be checked.
+  if isinstance(gamma, numbers.Real) and not gamma > 0:
     raise ValueError(f'The RBF bandwidth gamma must be positive, got {gamma}.')

@@ -100,6 +100,15 @@ def test_frequencies_and_phases_have_the_bochner_distribution():
   assert z.shape == (3, 20000) and np.all(np.abs(z) <= math.sqrt(2 / 20000) * (1 + 1e-6))
 
 
+@pytest.mark.parametrize('gamma', [np.float32(-1.0), np.float32(0.0), np.float64(-0.5)])
+def test_a_numpy_gamma_that_is_not_positive_is_rejected(gamma):
+  # 1 / (D · x.var()) of float32 data is a np.float32; γ = -1 gave kernel values above 1.
+  with pytest.raises(ValueError, match='gamma must be positive'):
+    rff.rbf_kernel(_data(3, 2), _data(2, 2, 1), gamma)
+  with pytest.raises(ValueError, match='gamma must be positive'):
+    rff.sample_features(jax.random.key(0), 2, 4, gamma)
+
+
 def test_bad_arguments_are_rejected():
   with pytest.raises(ValueError, match='gamma must be positive'):
     rff.sample_features(jax.random.key(0), 3, 8, 0.0)
