@@ -72,3 +72,16 @@ def test_real_fashion_mnist_train_split():
   assert images.shape == (60000, 28, 28) and images.dtype == np.uint8
   assert labels.shape == (60000,) and set(np.unique(labels)) == set(range(10))
   assert images.max() == 255 and images.min() == 0
+
+
+@pytest.mark.parametrize('content, message', [
+    # Trailing bytes after the declared elements: the sizes do not describe the file.
+    (_idx_bytes(0x08, (2, 2), bytes(5)), r'has 17 bytes .* which needs 16'),
+    # A header one byte short of its two sizes.
+    (b'\x00\x00\x08\x02\x00\x00\x00\x02\x00\x00\x00', 'truncated: its header needs 12 bytes, the file has 11'),
+])
+def test_files_whose_length_disagrees_with_the_header_are_refused(tmp_path, content, message):
+  path = tmp_path / 'bad.idx'
+  path.write_bytes(content)
+  with pytest.raises(ValueError, match=message):
+    idx.read_idx(path)

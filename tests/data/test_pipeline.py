@@ -90,3 +90,55 @@ def test_in_memory_source_reads_the_same_records():
   a = _batches(pipeline.train_iterator(source, global_batch_size=6, seed=4, preprocess=_preprocess), 8)
   b = _batches(pipeline.train_iterator(memory, global_batch_size=6, seed=4, preprocess=_preprocess), 8)
   assert a == b
+
+
+def test_epoch_e_is_the_permutation_of_the_seed_sequence_seed_e():
+  # The documented stream: epoch e is default_rng((seed, e)).permutation(n), read in order.
+  n, seed = 12, 7
+  it = pipeline.train_iterator(_source(n), global_batch_size=4, seed=seed, preprocess=_preprocess)
+  stream = sum(_batches(it, 9), [])  # three epochs
+  expected = np.concatenate([np.random.default_rng((seed, e)).permutation(n) for e in range(3)])
+  assert stream == expected.tolist()
+
+
+@pytest.mark.parametrize('process_count', [2, 4])
+def test_process_p_reads_the_positions_p_modulo_process_count(process_count):
+  single = _batches(pipeline.train_iterator(_source(), global_batch_size=8, seed=3,
+                                            preprocess=_preprocess), 9)
+  for p in range(process_count):
+    local = _batches(pipeline.train_iterator(_source(), global_batch_size=8, seed=3,
+                                             preprocess=_preprocess, process_index=p,
+                                             process_count=process_count), 9)
+    assert local == [global_batch[p::process_count] for global_batch in single]
+
+
+@pytest.mark.parametrize('process_count', [2, 5])
+def test_eval_batches_split_each_global_batch_over_processes(process_count):
+  # 23 records in global batches of 10: process p's batch i holds positions 10 i + p,
+  # 10 i + p + P, ... of the padded pass; together they read every record once.
+  parts = [list(pipeline.eval_batches(_source(23), global_batch_size=10, preprocess=_preprocess,
+                                      process_index=p, process_count=process_count))
+           for p in range(process_count)]
+  for p, batches in enumerate(parts):
+    assert len(batches) == 3
+    for i, batch in enumerate(batches):
+      positions = np.arange(10 * i + p, 10 * (i + 1), process_count)
+      np.testing.assert_array_equal(batch['mask'], positions < 23)
+      np.testing.assert_array_equal(batch['input'][batch['mask'] == 1], positions[positions < 23])
+  seen = np.concatenate([b['input'][b['mask'] == 1] for batches in parts for b in batches])
+  assert sorted(seen.astype(int).tolist()) == list(range(23))
+
+
+def test_zero_global_batch_size_is_refused():
+  with pytest.raises(ValueError, match='global batch size 0 must be a positive multiple'):
+    pipeline.train_iterator(_source(), global_batch_size=0, seed=0, preprocess=_preprocess)
+  with pytest.raises(ValueError, match='global batch size 0 must be a positive multiple'):
+    pipeline.eval_batches(_source(), global_batch_size=0, preprocess=_preprocess)
+
+
+def test_in_memory_source_reads_across_chunk_boundaries(monkeypatch):
+  monkeypatch.setattr(pipeline, '_CHUNK', 7)
+  memory = pipeline.InMemorySource(_source(30))  # chunks of 7, 7, 7, 7 and 2 records
+  assert len(memory) == 30
+  np.testing.assert_array_equal(memory.arrays['x'], np.arange(30))
+  np.testing.assert_array_equal(memory.arrays['label'], np.arange(30) % 3)
