@@ -120,6 +120,32 @@ def test_dropout_acts_in_training_only():
   assert np.max(np.abs(trained - no_dropout)) > 1e-3
 
 
+@pytest.mark.parametrize('rate', [0.25, 0.6])
+def test_dropout_keeps_each_hidden_unit_with_probability_one_minus_rate_and_rescales_it(rate):
+  # Inverted dropout after φ: h = r ⊙ φ(z) / (1 - p), r_i ~ Bernoulli(1 - p). With the output layer
+  # the identity, the logits are h itself, so every entry is 0 or φ(z)/(1 - p) of the NumPy
+  # forward pass. Fails for a dropout before φ, a keep probability of p instead of 1 - p, a
+  # missing or squared 1/(1 - p), or a dropout of the logits as well.
+  width = 16
+  model = MLP((width, width), activation='tanh', dropout_rate=rate)
+  x_BxD = jax.random.normal(jax.random.key(7), (64, 3))
+  variables = _perturbed(model.init(jax.random.key(0), x_BxD))
+  params = dict(variables['params'])
+  params['Dense_1'] = {'kernel': np.eye(width, dtype=np.float32), 'bias': np.zeros(width, np.float32)}
+  variables = {'params': params}
+  w, b = _dense(variables, 0)
+  kept_value = np.tanh(np.asarray(x_BxD, np.float64) @ w + b) / (1 - rate)
+  out = np.asarray(model.apply(variables, x_BxD, train=True, rngs={'dropout': jax.random.key(8)}))
+  dropped = out == 0
+  np.testing.assert_allclose(out[~dropped], kept_value[~dropped], **TOL)
+  assert abs(1 - dropped.mean() - (1 - rate)) < 5 * np.sqrt(rate * (1 - rate) / out.size), dropped.mean()
+  # The same key gives the same mask, another key another one.
+  again = model.apply(variables, x_BxD, train=True, rngs={'dropout': jax.random.key(8)})
+  np.testing.assert_array_equal(again, out)
+  other = np.asarray(model.apply(variables, x_BxD, train=True, rngs={'dropout': jax.random.key(9)}))
+  assert np.mean((other == 0) != dropped) > 0.1
+
+
 def test_batch_norm_uses_running_averages_at_inference():
   model = MLP((4, 2), batch_norm=True, activation='tanh')
   x_BxD = jax.random.normal(jax.random.key(6), (5, 3)) * 3.0
