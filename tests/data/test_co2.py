@@ -166,3 +166,22 @@ def test_a_window_longer_than_the_train_split_is_refused(data_dir):
   with pytest.raises(ValueError, match='too short for one training window of context 420 and '
                                        'horizon 6'):
     series.make_sources(_config(data_dir, window=420), '')
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_window_indices_outside_the_source_are_refused(training):
+  x = np.arange(100, 112, dtype=np.float32)
+  windows = series.SeriesWindows(x, 4, context=3, horizon=2, training=training)
+  n = len(windows)
+  assert n == (12 - 4 - 5 + 1 if training else 12 - 1 - 3)  # offsets 4 … 7, or origins 3 … 10
+  with pytest.raises(IndexError):
+    windows.gather(np.array([0, n]))
+  with pytest.raises(IndexError):
+    windows.gather(np.array([-1]))
+  with pytest.raises(IndexError):
+    windows[n]
+  with pytest.raises(IndexError):
+    windows[-n - 1]
+  # Negative indices count from the end, as for a list.
+  np.testing.assert_array_equal(windows[-1]['values'], windows[n - 1]['values'])
+  np.testing.assert_array_equal(windows[-n]['values'], windows[0]['values'])
