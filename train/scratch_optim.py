@@ -13,6 +13,7 @@ holds gradients taken one step earlier, so the two trajectories part after the
 second step.
 """
 
+import numbers
 from typing import Any, NamedTuple
 
 import jax
@@ -22,12 +23,13 @@ PyTree = Any
 
 
 def _check_positive(name: str, value: float) -> None:
-  if isinstance(value, (int, float)) and not value > 0:
+  # numbers.Real takes NumPy scalars (np.float32(0.1)) too; a traced value under jit cannot be checked.
+  if isinstance(value, numbers.Real) and not value > 0:
     raise ValueError(f'{name} must be positive, got {value}.')
 
 
 def _check_unit_interval(name: str, value: float, *, closed_right: bool) -> None:
-  if isinstance(value, (int, float)) and not (0 <= value <= 1 if closed_right else 0 <= value < 1):
+  if isinstance(value, numbers.Real) and not (0 <= value <= 1 if closed_right else 0 <= value < 1):
     allowed = '[0, 1]' if closed_right else '[0, 1)'
     raise ValueError(f'{name} must lie in {allowed}, got {value}.')
 

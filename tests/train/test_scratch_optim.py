@@ -184,3 +184,19 @@ def test_the_rate_fails_when_the_step_exceeds_two_over_l():
 def test_bad_hyperparameters_are_rejected(call, message):
   with pytest.raises(ValueError, match=message):
     call({'a': jnp.ones(2)})
+
+
+@pytest.mark.parametrize('call,message', [
+    (lambda p: scratch_optim.gradient_descent_step(p, p, learning_rate=np.float32(-0.1)),
+     'learning_rate must be positive'),
+    (lambda p: scratch_optim.heavy_ball_step(p, p, scratch_optim.momentum_init(p), learning_rate=0.1,
+                                             momentum=np.float32(1.5)), 'momentum must lie in'),
+    (lambda p: scratch_optim.adam_step(p, p, scratch_optim.adam_init(p), learning_rate=0.1,
+                                       b1=np.float32(1.0)), r'b1 must lie in \[0, 1\)'),
+    (lambda p: scratch_optim.adam_step(p, p, scratch_optim.adam_init(p), learning_rate=0.1,
+                                       eps=np.float32(0.0)), 'eps must be positive'),
+])
+def test_bad_hyperparameters_given_as_numpy_scalars_are_rejected(call, message):
+  # b1 = 1 and eps = 0 made every updated parameter NaN; the others stepped silently.
+  with pytest.raises(ValueError, match=message):
+    call({'a': jnp.ones(2)})
