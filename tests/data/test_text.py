@@ -194,6 +194,12 @@ def test_bad_tokenizer_options_are_refused(kind, vocab_size, parts):
   assert_one_sentence(str(error.value), *parts)
 
 
+def test_byte_bpe_of_exactly_the_byte_alphabet_is_accepted():
+  tokenizer = text.make_tokenizer('byte_bpe', NON_ASCII, vocab_size=256)
+  assert tokenizer.vocab_size == 256 and tokenizer.merges == []
+  assert tokenizer.encode('ab') == [ord('a'), ord('b')]
+
+
 def test_token_units_sum_to_characters_or_utf8_bytes():
   held_out = 'Crème brûlée at 東京 — the fox 🙂 runs.'
   char = text.make_tokenizer('char', NON_ASCII + held_out)
@@ -240,6 +246,8 @@ def test_make_sources_char_end_to_end(tmp_path):
   assert meta['unit'] == 'char' and meta['window'] == 8
   np.testing.assert_array_equal(meta['token_units'], np.ones(meta['vocab_size']))
   assert len(train) == 900 - 8 and len(evaluation) == -(-49 // 8)
+  # How often each character occurs in the train split (not validation), counted by hand.
+  assert meta['token_counts'].tolist() == [train_text.count(c) for c in tokenizer.vocab]
   assert tokenizer.decode(train[123]['tokens'].tolist()) == train_text[123:132]
   assert tokenizer.decode(evaluation[2]['tokens'].tolist()) == eval_text[16:25]
   # Nothing is written yet: the run saves the tokenizer once its whole config passed.
@@ -282,7 +290,8 @@ def test_workdir_tokenizer_of_another_source_is_refused_and_the_same_source_relo
 
 
 def test_unknown_eval_character_is_refused(tmp_path):
-  content = SYNTHETIC[:920] + 'Z' + SYNTHETIC[921:]  # 'Z' only in validation
+  # 'Z' and then 'Q' only in validation: the first unknown character is named.
+  content = SYNTHETIC[:920] + 'Z' + SYNTHETIC[921:930] + 'Q' + SYNTHETIC[931:]
   config = _config(tmp_path, _write_source(tmp_path, content))
   with pytest.raises(ValueError) as error:
     text.make_sources(config, str(tmp_path / 'work'))

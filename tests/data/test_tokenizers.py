@@ -280,8 +280,9 @@ def test_char_round_trips_text_over_its_vocabulary(text):
 
 
 def test_char_rejects_unknown_characters():
+  # The first unknown character is named, at its first position.
   with pytest.raises(ValueError, match=r"Character 'Z' at position 4 is not in the vocabulary"):
-    _CHAR.encode('the Zebra')
+    _CHAR.encode('the Zebra Zone')
 
 
 # Files.
