@@ -76,6 +76,12 @@ def build(name: str, batch_norm_axis_name: str | None = None,
     elif options[key] != value:
       raise ValueError(f'config.model.{key}={options[key]!r} does not match the data, whose '
                        f'{key} is {value!r}; leave it out to take the data\'s.')
+  num_classes = (data_defaults or {}).get('num_classes')
+  features = options.get('features')
+  if cls is MLP and num_classes is not None and features and features[-1] != num_classes:
+    # The MLP has no num_classes option: its last width is the number of logits.
+    raise ValueError(f'config.model.features={features!r} ends in {features[-1]!r}, the number of '
+                     f'logits, but the data has {num_classes} classes; make its last entry {num_classes}.')
   if options.get('dtype') is not None:
     options['dtype'] = compute_dtype(options['dtype'])
   if 'batch_norm_axis_name' in fields:

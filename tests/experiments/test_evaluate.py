@@ -17,10 +17,13 @@ from tests.messages import assert_one_sentence
 
 @pytest.fixture(scope='module')
 def mlp_run(tmp_path_factory, data_dir):
-  """A run of an MLP with layers of 16 and 10 units on the 64 digit pixels."""
+  """A run of an MLP with layers of 10 and 10 units on the 64 digit pixels.
+
+  The hidden layer is as wide as the output, so that an override dropping the output layer
+  still gives the 10 logits of the data's 10 classes (the model is refused otherwise)."""
   config = digits_mlp.get_config()
   config.data.data_dir = data_dir
-  config.model = ml_collections.ConfigDict({'name': 'mlp', 'features': (16, 10),
+  config.model = ml_collections.ConfigDict({'name': 'mlp', 'features': (10, 10),
                                             'dtype': 'float32'})
   config.eval_batch_size = 120
   return fake_runs.save_random_run(config, str(tmp_path_factory.mktemp('mlp_run')))
@@ -37,11 +40,11 @@ def _refusal(workdir, override) -> str:
 
 @pytest.mark.parametrize('features, difference', [
     # Dropping the output layer: the checkpoint's Dense_1 is left over.
-    ('(16,)', 'the model has no params/Dense_1/bias (float32 (10,) in the checkpoint)'),
+    ('(10,)', 'the model has no params/Dense_1/bias (float32 (10,) in the checkpoint)'),
     # A third layer: the model's Dense_2 is not in the checkpoint.
-    ('(16, 10, 10)', 'the checkpoint has no params/Dense_2/bias (float32 (10,) in the model)'),
-    # Another width: Dense_0's kernel is 64 × 16 in the checkpoint.
-    ('(8, 10)', 'params/Dense_0/bias is float32 (16,) in the checkpoint but float32 (8,) in '
+    ('(10, 10, 10)', 'the checkpoint has no params/Dense_2/bias (float32 (10,) in the model)'),
+    # Another width: Dense_0's kernel is 64 × 10 in the checkpoint.
+    ('(8, 10)', 'params/Dense_0/bias is float32 (10,) in the checkpoint but float32 (8,) in '
                 'the model'),
 ])
 def test_a_model_that_does_not_fit_the_checkpoint_is_refused(mlp_run, features, difference):

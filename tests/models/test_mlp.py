@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models import registry
 from models.mlp import MLP
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -169,3 +170,12 @@ def test_batch_norm_uses_running_averages_at_inference():
 def test_bad_configuration_is_rejected(kwargs, message):
   with pytest.raises(ValueError, match=message):
     MLP(**kwargs).init(jax.random.key(0), jnp.ones((1, 2)))
+
+
+def test_registry_refuses_an_mlp_whose_output_width_is_not_the_number_of_classes():
+  # The train library passes the data's class count; 5 logits for 10 classes gave NaN losses
+  # (labels 5 … 9 have no logit) and the run stopped blaming the learning rate.
+  model = registry.build('mlp', None, {'num_classes': 10}, features=[32, 10])
+  assert model.features == (32, 10)
+  with pytest.raises(ValueError, match=r'features=\(32, 5\) ends in 5, .* the data has 10 classes'):
+    registry.build('mlp', None, {'num_classes': 10}, features=[32, 5])
