@@ -26,3 +26,22 @@ def test_an_unknown_mixture_is_refused(tmp_path):
     datasets.load('gaussian_mixture', 'train', data_dir=tmp_path, mixture='moons')
   assert_one_sentence(str(error.value), "'moons'", 'ring, grid')
   assert not any(tmp_path.iterdir())
+
+
+def test_ring_and_grid_means_weights_and_covariances_by_hand():
+  ring = toy2d.ring(4, radius=2.0, std=0.5)
+  np.testing.assert_allclose(ring.means_KxD, [[2, 0], [0, 2], [-2, 0], [0, -2]], atol=1e-6)
+  np.testing.assert_allclose(ring.weights_K, [0.25] * 4)
+  np.testing.assert_allclose(ring.covariances_KxDxD, np.tile(0.25 * np.eye(2), (4, 1, 1)))
+  weighted = toy2d.ring(2, weights=[1.0, 3.0])
+  np.testing.assert_allclose(weighted.weights_K, [0.25, 0.75])
+  grid = toy2d.grid(2, spacing=3.0, std=0.1)
+  np.testing.assert_allclose(grid.means_KxD, [[-1.5, -1.5], [-1.5, 1.5], [1.5, -1.5], [1.5, 1.5]])
+  np.testing.assert_allclose(toy2d.grid(3).means_KxD.mean(axis=0), [0, 0], atol=1e-6)
+
+
+@pytest.mark.parametrize('option, value', [('num_train', 0), ('num_test', 0), ('num_train', 2.5)])
+def test_empty_or_fractional_split_sizes_are_refused(option, value):
+  with pytest.raises(ValueError) as error:
+    toy2d.dataset('ring', **{option: value})
+  assert_one_sentence(str(error.value), f'{option}={value!r}', 'positive integer')
