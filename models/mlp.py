@@ -1,5 +1,6 @@
 """Multi-layer perceptron: x(l) = φ(W(l)ᵀ x(l−1) + b(l)), the last layer linear (logits)."""
 
+import numbers
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -47,7 +48,8 @@ class MLP(nn.Module):
   def __call__(self, x_BxD: jnp.ndarray, *, train: bool = False) -> jnp.ndarray:
     if not self.features:
       raise ValueError('MLP features must name at least the output width, got an empty sequence.')
-    if not all(isinstance(w, int) and w > 0 for w in self.features):
+    # numbers.Integral takes NumPy integers (a width from np.arange) too, but not True or False.
+    if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w > 0 for w in self.features):
       raise ValueError(f'MLP features must be positive integers, got {tuple(self.features)}.')
     if not 0 <= self.dropout_rate < 1:
       raise ValueError(f'MLP dropout_rate must lie in [0, 1), got {self.dropout_rate}.')

@@ -161,6 +161,17 @@ def test_batch_norm_uses_running_averages_at_inference():
   np.testing.assert_allclose(updates['batch_stats']['BatchNorm_0']['mean'], 0.01 * z.mean(0), **TOL)
 
 
+def test_numpy_integer_widths_are_widths():
+  # A width from np.arange or .astype(int) is an np.int64; it was refused as not a positive integer.
+  x_BxD = jax.random.normal(jax.random.key(1), (3, 2))
+  numpy_widths = MLP((np.int64(5), np.int32(3)), activation='tanh')
+  variables = _perturbed(numpy_widths.init(jax.random.key(0), x_BxD))
+  np.testing.assert_allclose(numpy_widths.apply(variables, x_BxD),
+                             _reference(variables, x_BxD, (5, 3), np.tanh), **TOL)
+  with pytest.raises(ValueError, match='positive integers'):
+    MLP((True, 3)).init(jax.random.key(0), x_BxD)
+
+
 @pytest.mark.parametrize('kwargs,message', [
     (dict(features=()), 'at least the output width'),
     (dict(features=(3, 2), dropout_rate=1.0), 'dropout_rate must lie in'),
