@@ -5,10 +5,13 @@ import subprocess
 import sys
 
 from absl import app
+import numpy as np
 import pytest
 
+from data import text
 from data import tokenizers
 from experiments import ngram
+from models import ngram as ngram_models
 from tests.messages import assert_one_sentence
 from tests.messages import one_sentence
 from tests.subprocess_util import REPO_ROOT
@@ -124,3 +127,27 @@ def test_a_workdir_that_is_a_file_is_refused_before_the_data_is_read(tmp_path):
   assert result.stderr == (f"error: The work directory '{workdir}' is not writable "
                            f"('{workdir}' is a file).\n")
   assert not (tmp_path / 'data').exists()
+
+
+@pytest.mark.parametrize('train_tokens, add_k', [
+    ([0, 1, 1, 2, 2, 2, 0, 1, 2, 2], 1.0),
+    # Add-0 without id 0 in the train stream: the padding targets (id 0) have probability 0.
+    ([1, 1, 2, 2, 2, 1, 2, 2], 0.0),
+])
+def test_evaluate_scores_every_target_of_the_text_once(train_tokens, add_k):
+  # A unigram add-k model predicts (c(w) + k) / (N + k V) whatever the context, so the summed NLL
+  # is a sum over the 7 targets x_1 … x_7 of the eval text, worked out without the windows.
+  vocab_size, units_per_token = 3, np.array([1.0, 2.0, 4.0], np.float32)
+  counts = np.bincount(train_tokens, minlength=vocab_size)
+  p = (counts + add_k) / (len(train_tokens) + add_k * vocab_size)
+  eval_tokens = np.array([2, 1, 1, 2, 2, 1, 2, 1])  # inputs and targets spell unequal units
+  windows = text.TokenWindows(eval_tokens, 3, training=False)  # 3 windows, the last padded
+  model = ngram_models.NGramModel(np.array(train_tokens), vocab_size=vocab_size, order=1,
+                                  smoothing='add_k', add_k=add_k)
+  summary = ngram.evaluate(model, windows.gather(np.arange(len(windows))), units_per_token, 'byte')
+  targets = eval_tokens[1:]
+  nats = -np.log(p[targets]).sum()
+  units = units_per_token[targets].sum()
+  np.testing.assert_allclose(summary['loss'], nats / 7, rtol=1e-6)
+  np.testing.assert_allclose(summary['perplexity'], np.exp(nats / 7), rtol=1e-6)
+  np.testing.assert_allclose(summary['bits_per_byte'], nats / units / np.log(2), rtol=1e-6)
