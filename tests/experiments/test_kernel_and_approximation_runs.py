@@ -128,3 +128,36 @@ def test_a_workdir_that_is_a_file_is_refused_before_any_work(tmp_path, script, f
   assert result.stderr == (f"error: The work directory '{workdir}' is not writable "
                            f"('{workdir}' is a file).\n")
   assert workdir.read_text() == 'an earlier file\n'
+
+
+def test_digits_split_is_stratified_70_30_and_scaled_to_the_unit_interval():
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  x, y = datasets.load_digits(return_X_y=True)
+  x_train, x_test, y_train, y_test = random_features.load_split(0)
+  assert len(x_test) == 540 and len(x_train) == 1257  # ceil(0.3 · 1,797) for test
+  assert x_train.min() == 0 and x_train.max() == 1
+  # Every class keeps its share: its test count is within one of 30% of its size.
+  for label in range(10):
+    assert abs(np.sum(y_test == label) - 0.3 * np.sum(y == label)) <= 1, label
+  # The two splits are the data set, each image once.
+  rows = sorted(map(tuple, np.concatenate([x_train, x_test]) * 16))
+  assert rows == sorted(map(tuple, x.astype(float)))
+
+
+def test_random_features_script_uses_the_scale_rule_for_gamma_and_reports_the_exact_machines(
+    tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.random_features', f'--workdir={tmp_path}',
+       '--num_features=20', '--draws=1'], cwd=REPO_ROOT,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  from sklearn import svm  # pylint: disable=g-import-not-at-top
+  x_train, x_test, y_train, y_test = random_features.load_split(0)
+  # The default γ is scikit-learn's gamma='scale', 1 / (input_dim · Var x) over the train inputs.
+  assert f'gamma = {1 / (64 * x_train.var()):.4f}' in result.stdout
+  scale_svc = svm.SVC(kernel='rbf', gamma='scale', C=10.0).fit(x_train, y_train)
+  rows = {line.split('\t')[0]: line.split('\t')
+          for line in (tmp_path / 'random_features.tsv').read_text().splitlines()[1:]}
+  assert float(rows['exact_svc'][2]) == pytest.approx(scale_svc.score(x_test, y_test), abs=1e-6)
+  assert float(rows['exact_kernel_ridge'][2]) == pytest.approx(0.9926, abs=2e-3)
+  assert rows['rff_ridge'][1] == '20' and float(rows['rff_ridge'][3]) == 0  # one draw
