@@ -156,3 +156,14 @@ def test_checkpoints_of_another_config_resume_with_allow_config_change(config, t
        '--allow_config_change', f'--figure={tmp_path}'], cwd=REPO_ROOT,
       env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True, timeout=120)
   assert result.stderr == f'error: --figure={tmp_path} is a folder; give the file to write in it.\n'
+
+
+@pytest.mark.parametrize('window, first', [(4, 11), (16, 15)])
+def test_train_split_origins_leave_room_for_the_window_and_the_season(config, window, first):
+  # From the train split's start (month 0), the first origin needs a whole context window and a
+  # whole season (12 months) of history, the seasonal naive baseline's, before it; the last one
+  # leaves num_steps months after it inside the split (422 months).
+  meta = {'series_window': window, 'series_key': 'co2'}
+  values, origins = forecast.forecast_origins(config, meta, 6, 'train')
+  assert len(values) == 526
+  assert origins.tolist() == list(range(first, 422 - 6))
