@@ -108,3 +108,14 @@ def test_the_script_refuses_a_folder_without_the_files_and_an_unwritable_output(
   assert _script_error(f'--fashion_mnist_dir={directory}', f'--output={empty}') == (
       f'error: --output={empty} is a folder; give the file to write in it.')
   assert not os.listdir(empty)
+
+
+def test_captions_name_the_two_largest_label_weights_above_half_a_percent():
+  label = np.zeros(10, np.float32)
+  label[[1, 3, 8]] = [0.25, 0.7, 0.05]
+  assert augmentation_grid._caption(label) == 'Dress 0.70\nTrouser 0.25'
+  # A one-hot label, and a mix whose partner weighs under 0.005, show one line.
+  assert augmentation_grid._caption(np.eye(10, dtype=np.float32)[9]) == 'Ankle boot 1.00'
+  label = np.zeros(10, np.float32)
+  label[[0, 2]] = [0.996, 0.004]
+  assert augmentation_grid._caption(label) == 'T-shirt/top 1.00'
