@@ -203,3 +203,55 @@ def test_a_model_without_batch_norm_is_one_sentence(tmp_path, data_dir, monkeypa
 def test_a_non_positive_option_is_one_sentence(trained_run, monkeypatch):
   assert '--examples must be a positive integer, got 0.' in _error(trained_run, monkeypatch,
                                                                     examples=0)
+
+
+@pytest.fixture(scope='module')
+def augmented_ema_run(tmp_path_factory, data_dir):
+  """The tiny ResNet run with a train-time flip of every image and a parameter EMA, whose
+  checkpoint holds independent random draws for the parameters and their average."""
+  config = _config(data_dir, _TINY_RESNET)
+  config.task.augment = [('vertical_flip', {'p': 1.0})]
+  config.ema_decay = 0.99
+  rng = np.random.default_rng(1)
+
+  def draw(path, leaf):
+    name = jax.tree_util.keystr(path[-1:], simple=True)
+    if name == 'kernel':
+      return rng.normal(size=leaf.shape).astype(leaf.dtype) / np.sqrt(np.prod(leaf.shape[:-1]))
+    return np.full(leaf.shape, name in ('scale', 'var'), leaf.dtype)
+
+  return fake_runs.save_random_run(config, str(tmp_path_factory.mktemp('augmented_ema_run')),
+                                   step=3, draw=draw)
+
+
+def test_statistics_use_unaugmented_inputs_and_the_parameter_average(augmented_ema_run,
+                                                                     monkeypatch):
+  # The images are fed as evaluated (not flipped, as training flips every one) through the
+  # network evaluation uses: the parameter average the checkpoint holds, not the parameters.
+  from train import batch_stats  # pylint: disable=g-import-not-at-top
+  fed, given = [], []
+  recompute = batch_stats.recompute_batch_stats
+
+  def recording(module, variables, batches, *, model_inputs, **kwargs):
+    given.append(variables)
+    def recorded():
+      for batch in batches():
+        fed.append((np.asarray(model_inputs(batch)[0]), np.asarray(batch['mask'])))
+        yield batch
+    return recompute(module, variables, recorded, model_inputs=model_inputs, **kwargs)
+
+  monkeypatch.setattr(batch_stats, 'recompute_batch_stats', recording)
+  script.recompute(augmented_ema_run, examples=64, batch_size=64, max_passes=1)
+  import data  # pylint: disable=g-import-not-at-top
+  from train import loop  # pylint: disable=g-import-not-at-top
+  source = data.load('digits', 'train',
+                     data_dir=loop.read_config(augmented_ema_run).data.data_dir)
+  images = np.stack([np.asarray(source[i]['image'], np.float32) for i in range(64)]) / 16
+  inputs, mask = fed[0]
+  assert mask.sum() == 64
+  np.testing.assert_allclose(inputs[mask > 0], images, rtol=1e-6)
+  saved = checkpoint.restore_arrays(augmented_ema_run)
+  assert saved['ema_params'] is not None
+  kernel = lambda params: np.asarray(params['head']['kernel'])
+  np.testing.assert_allclose(kernel(given[0]['params']), kernel(saved['ema_params']), rtol=1e-6)
+  assert not np.allclose(kernel(saved['ema_params']), kernel(saved['params']), rtol=0.1)
