@@ -59,3 +59,25 @@ def test_the_model_that_fits_is_evaluated_and_appended(mlp_run):
     assert [json.loads(line) for line in f] == [json.loads(json.dumps(record))]
   os.remove(os.path.join(mlp_run, evaluate.OUTPUT_FILE))
   assert record['step'] == 2 and np.isfinite(record['metrics']['loss'])
+
+
+@pytest.mark.parametrize('batch_size', [60, 100])  # 100: the last batch is padded
+def test_the_metrics_are_those_of_the_checkpoint_on_every_test_image_once(mlp_run, batch_size):
+  # The MLP applied by hand, in float64, to the 360 test images (pixels / 16, flattened) with
+  # the checkpoint's parameters: mean −log softmax(logits)[label] and accuracy.
+  import data  # pylint: disable=g-import-not-at-top
+  from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
+  record = evaluate.evaluate(mlp_run, batch_size=batch_size)
+  params = checkpoint.restore_arrays(mlp_run)['params']
+  source = data.load('digits', 'test', data_dir=loop.read_config(mlp_run).data.data_dir)
+  x = np.stack([np.asarray(source[i]['image'], np.float64).reshape(-1) / 16
+                for i in range(len(source))])
+  labels = np.array([int(source[i]['label']) for i in range(len(source))])
+  assert len(labels) == 360
+  dense = lambda name, h: h @ params[name]['kernel'] + params[name]['bias']
+  logits = dense('Dense_1', np.maximum(dense('Dense_0', x), 0))
+  top = logits.max(axis=1)
+  nll = np.log(np.exp(logits - top[:, None]).sum(axis=1)) + top - logits[np.arange(360), labels]
+  assert record['metrics']['loss'] == pytest.approx(nll.mean(), rel=1e-5)
+  assert record['metrics']['accuracy'] == pytest.approx(np.mean(logits.argmax(axis=1) == labels),
+                                                        abs=1e-6)
