@@ -15,6 +15,7 @@ import pytest
 
 from data import datasets
 from data import pipeline
+from data.builders import shakespeare_case
 from tests.messages import assert_one_sentence
 from tests.data.test_datasets import shared_folder
 
@@ -138,3 +139,14 @@ def test_missing_tiny_shakespeare_folder_fails_fast_naming_what_to_set(tmp_path)
     datasets.load('shakespeare_case', 'test', data_dir=tmp_path, source_dir=tmp_path)
   assert_one_sentence(str(error.value), "'shakespeare_case'", 'input.txt',
                       'TINY_SHAKESPEARE_DIR', str(tmp_path))
+
+
+def test_a_piece_of_every_length_from_1_to_64_is_encoded_and_others_are_refused():
+  record = shakespeare_case.encode('A' * 64)
+  assert record['length'] == 64 and record['tags'].tolist() == [1] * 64
+  assert record['input'].tolist() == [ord('a')] * 64
+  record = shakespeare_case.encode('Z')
+  assert record['length'] == 1 and record['tags'].tolist() == [1] + [0] * 63
+  for piece in ('', 'a' * 65, 'Café'):
+    with pytest.raises(ValueError, match='A piece must be 1 to 64 ASCII characters'):
+      shakespeare_case.encode(piece)
