@@ -327,3 +327,24 @@ def test_unknown_name(tmp_path):
   with pytest.raises(ValueError) as error:
     datasets.load('no_such_data_set', 'train', data_dir=tmp_path)
   assert_one_sentence(str(error.value), "'no_such_data_set'", 'mnist1d')
+
+
+def test_split_expressions_over_known_splits_and_all_are_read(tmp_path):
+  assert len(datasets.load('digits', 'all', data_dir=tmp_path)) == 1797
+  assert len(datasets.load('digits', 'train[:10]+test', data_dir=tmp_path)) == 10 + 360
+  with pytest.raises(ValueError) as error:
+    datasets.load('digits', 'train+tset[:5]', data_dir=tmp_path)
+  assert_one_sentence(str(error.value), "'tset'", 'train, test')
+
+
+def test_download_hosts_are_the_recorded_urls_hosts_with_their_scheme_ports():
+  class Builder:
+    url_infos = {'http://example.org/a.tgz': None, 'ftp://ftp.example.net/b': None,
+                 'https://data.example.com:8443/c': None, 'https://example.org/d': None,
+                 'https://e.example/e': None, 'https://f.example/f': None}
+  # One port per host (its first URL's), at most four hosts, in the order recorded.
+  assert datasets._download_hosts(Builder()) == (
+      ('example.org', 80), ('ftp.example.net', 21), ('data.example.com', 8443),
+      ('e.example', 443))
+  Builder.url_infos = {}
+  assert datasets._download_hosts(Builder()) == (('storage.googleapis.com', 443),)
