@@ -151,3 +151,20 @@ def test_settings_and_unusable_runs_are_one_sentence(tmp_path):
     with pytest.raises(ValueError, match=r'^The run in .*' + message):
       md.learned_score_fn(str(workdir))
     assert os.listdir(workdir) == ['config.json']
+
+
+@pytest.mark.parametrize('sde', [sde_lib.VESDE(), sde_lib.VPSDE()], ids=['ve', 'vp'])
+def test_prior_mismatch_is_the_kl_of_two_gaussians(sde):
+  # One isotropic component N(μ, s² I) diffuses to N(a μ, (a² s² + std²) I) at t = T; against
+  # the prior N(0, v I) (v = σ_max² for VE, 1 for VP) KL = ½ (D u/v + ‖a μ‖²/v − D + D log(v/u))
+  # in D = 2 dimensions, u the diffused variance. The mean is far out, so the KL is about 2;
+  # for VP, a² s² = 1 is half of u, so scaling Σ by a instead of a² would show.
+  a, std = _kernel(sde, sde.T)
+  mu = np.array([100.0, 0.0]) if isinstance(sde, sde_lib.VESDE) else np.array([2.0, 0.0]) / a
+  s = 5.0 if isinstance(sde, sde_lib.VESDE) else 1 / a
+  mixture = toy2d.gaussian_mixture([1.0], [mu], [s ** 2 * np.eye(2)])
+  u, v = a ** 2 * s ** 2 + std ** 2, (sde.sigma_max ** 2 if isinstance(sde, sde_lib.VESDE) else 1)
+  kl = 0.5 * (2 * u / v + np.sum((a * mu) ** 2) / v - 2 + 2 * np.log(v / u))
+  estimate, se = (float(x) for x in md.prior_mismatch(mixture, sde, jax.random.PRNGKey(0)))
+  assert 1 < kl < 3
+  assert 0 < se < 0.03 and abs(estimate - kl) < 4 * se, (estimate, se, kl)
