@@ -37,3 +37,22 @@ def test_a_file_name_without_a_figure_format_is_refused_before_plotting(tmp_path
   assert result.stderr.strip().startswith(
       f'error: --filename={tmp_path}/activations.pngg must end in a figure format: ')
   assert '\n' not in result.stderr.strip() and not os.listdir(tmp_path)
+
+
+def test_each_panel_draws_the_function_and_its_derivative(tmp_path, monkeypatch):
+  figures = []
+  monkeypatch.setattr(plot_activations.plt, 'close', figures.append)
+  curves = plot_activations.plot(str(tmp_path / 'activations.png'))
+  panels = {ax.get_title(): ax for ax in figures[0].axes if ax.get_title()}
+  assert set(panels) == set(curves)
+  for name, (x, phi, slope) in curves.items():
+    x, phi, slope = (np.asarray(a, np.float64) for a in (x, phi, slope))
+    lines = [line for line in panels[name].get_lines() if len(line.get_xdata()) == len(x)]
+    drawn_phi, drawn_slope = lines
+    np.testing.assert_allclose(drawn_phi.get_ydata(), phi)
+    np.testing.assert_allclose(drawn_slope.get_ydata(), slope)
+    assert drawn_slope.get_linestyle() == '--'
+    # The derivative against central differences of φ, away from the kinks at 0 and 2.
+    differences = (phi[2:] - phi[:-2]) / (x[2:] - x[:-2])
+    smooth = (np.abs(x[1:-1]) > 0.02) & (np.abs(x[1:-1] - 2) > 0.02)
+    np.testing.assert_allclose(slope[1:-1][smooth], differences[smooth], atol=2e-3, err_msg=name)
