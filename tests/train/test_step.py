@@ -339,3 +339,73 @@ def test_the_reported_learning_rate_is_the_one_the_update_uses_after_a_skipped_s
   assert reported == [1.0, 1.0, 1.0, pytest.approx(0.1)]
   # The third step (the second update) moved by the rate 1.0 it reported: ten times the last.
   assert moves[2] > 3 * moves[3]
+
+
+def test_a_step_whose_update_overflows_is_skipped():
+  """Loss and gradients finite, the updated parameters not (float32 overflows past 3.4e38):
+  the state stays as it was but for the step counter, and the step reports skipped = 1."""
+  model, task, state, _, batch = _setup(dropout_rate=0.0, tx=optax.sgd(1e38))
+  kwargs = dict(model=model, task=task, learning_rate_fn=optax.constant_schedule(1e38))
+  batch = {**batch, 'input': 100 * batch['input']}  # gradients of size ~10 to ~100
+  new_state, metrics = jax.jit(functools.partial(step.train_step, tx=optax.sgd(1e38), **kwargs))(
+      state, batch)
+  assert np.isfinite(_mean(metrics['totals'], 'loss')) and np.isfinite(float(metrics['grad_norm']))
+  assert float(metrics['grad_norm']) > 10  # 1e38 · 10 > float32's largest number
+  assert int(metrics['skipped']) == 1 and int(new_state.step) == 1
+  for before, after in zip(jax.tree.leaves((state.params, state.opt_state, state.model_state)),
+                           jax.tree.leaves((new_state.params, new_state.opt_state,
+                                            new_state.model_state))):
+    np.testing.assert_array_equal(after, before)
+  # The same batch at a rate of 0.1 is a step like any other.
+  moved, metrics = jax.jit(functools.partial(step.train_step, tx=optax.sgd(0.1), **kwargs))(
+      state, batch)
+  assert int(metrics['skipped']) == 0
+  assert not np.allclose(jax.tree.leaves(moved.params)[0], jax.tree.leaves(state.params)[0])
+
+
+def test_batch_statistics_run_through_the_micro_batches_in_order():
+  """With 2 micro-batches the running statistics are those of the model applied in training
+  mode to rows 0–3, then to rows 4–7 with the statistics the first left: not those of the
+  last micro-batch alone, nor of rows split another way."""
+  model = MLP(features=(6, 3), batch_norm=True)
+  task, tx = _classification(), optax.sgd(0.1)
+  rng = np.random.default_rng(2)
+  # The two halves have means near +3 and −3, so each micro-batch's statistics are its own.
+  inputs = rng.normal(size=(8, 4)) + np.where(np.arange(8) < 4, 3.0, -3.0)[:, None]
+  batch = {'input': inputs.astype(np.float32), 'label': rng.integers(0, 3, size=8).astype(np.int32)}
+  state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch)
+  new_state, _ = jax.jit(functools.partial(
+      step.train_step, model=model, task=task, tx=tx,
+      learning_rate_fn=optax.constant_schedule(0.1), grad_accum_steps=2))(state, batch)
+
+  def running_stats(stats, rows):
+    _, updates = model.apply({'params': state.params, 'batch_stats': stats}, batch['input'][rows],
+                             train=True, mutable=['batch_stats'])
+    return updates['batch_stats']
+
+  first, second = slice(0, 4), slice(4, 8)
+  expected = running_stats(running_stats(state.model_state['batch_stats'], first), second)
+  for got, want in zip(jax.tree.leaves(new_state.model_state['batch_stats']),
+                       jax.tree.leaves(expected)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  last_only = running_stats(state.model_state['batch_stats'], second)
+  mean_gap = np.abs(last_only['BatchNorm_0']['mean'] - expected['BatchNorm_0']['mean']).max()
+  assert mean_gap > 1e-3, mean_gap  # about 0.0099 × the first micro-batch's mean
+
+
+def test_micro_batch_dropout_streams_fold_in_the_micro_batch_index():
+  """With accumulation, micro-batch i of step t draws dropout from
+  stream_key(fold_in(fold_in(rng, t), i), 'dropout'), micro-batch 0 included."""
+  model, task, state, _, batch = _setup()
+  state = state.replace(step=jnp.int32(3))
+  fn = jax.jit(functools.partial(step.train_step, model=model, task=task, tx=optax.sgd(0.1),
+                                 learning_rate_fn=optax.constant_schedule(0.1), grad_accum_steps=2))
+  _, metrics = fn(state, batch)
+  step_key = jax.random.fold_in(state.rng, 3)
+  total = 0.0
+  for i, rows in enumerate((slice(0, 4), slice(4, 8))):
+    key = tasks.stream_key(jax.random.fold_in(step_key, i), 'dropout')
+    logits = model.apply({'params': state.params}, batch['input'][rows], train=True,
+                         rngs={'dropout': key})
+    total += float(optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'][rows]).sum())
+  np.testing.assert_allclose(float(metrics['totals']['loss'][0]), total, rtol=1e-5)
