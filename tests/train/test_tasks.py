@@ -64,6 +64,9 @@ def test_language_model_loss_is_weighted_per_token_and_reports_bits_per_byte():
   weights = np.array([[1, 1, 0], [1, 1, 1]], np.float32)
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(2, 3, vocab)).astype(np.float32)
+  # Right next-token guesses at two weighted targets and at the unweighted one (row 0, last).
+  for row, position in ((0, 0), (1, 1), (0, 2)):
+    logits[row, position, he] = 10.0
   metrics = task.loss(_Fixed(jnp.asarray(logits)), {'tokens': tokens, 'weights': weights})
   log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   nll = -np.take_along_axis(log_probs, tokens[:, 1:, None], -1)[..., 0]
@@ -72,10 +75,14 @@ def test_language_model_loss_is_weighted_per_token_and_reports_bits_per_byte():
   np.testing.assert_allclose(totals['loss'], (nats, 5.0), rtol=1e-5)
   # Scored targets: he, x | x, he, x  →  2 + 1 + 1 + 2 + 1 = 7 bytes.
   np.testing.assert_allclose(totals['nats_per_unit'][1], 7.0)
+  # Accuracy counts the weighted targets only: 2 right of 5, not 3 of 6.
+  assert ((logits.argmax(-1) == tokens[:, 1:]) * weights).sum() == 2
+  assert totals['accuracy'] == (2.0, 5.0)
   report = task.finalize(totals)
   np.testing.assert_allclose(report['loss'], nats / 5, rtol=1e-5)
   np.testing.assert_allclose(report['perplexity'], math.exp(nats / 5), rtol=1e-5)
   np.testing.assert_allclose(report['bits_per_byte'], nats / 7 / math.log(2), rtol=1e-5)
+  assert report['accuracy'] == pytest.approx(0.4)
 
 
 def test_language_model_bits_per_char_equal_bits_per_token_for_characters():
@@ -138,3 +145,19 @@ def test_normalisation_options_are_checked():
   batch = {'input': jnp.zeros((2, 4, 4, 1)), 'label': jnp.zeros(2, jnp.int32)}
   message = one_sentence(lambda: task.transform({}, batch, False))
   assert '3 values' in message and '1 channels' in message
+
+
+def test_classification_scales_the_input_and_scores_soft_labels_by_their_heaviest_class():
+  task = tasks.build('classification', {'num_classes': 3}, input_key='pixels', input_scale=1 / 255)
+  batch = task.preprocess({'pixels': np.array([[0, 51, 255]], np.uint8), 'label': np.array([2])})
+  assert batch['input'].dtype == np.float32 and batch['label'].dtype == np.int32
+  np.testing.assert_allclose(batch['input'], [[0.0, 0.2, 1.0]], rtol=1e-6)
+  # Mixed labels (after mixup or cutmix): the loss is −Σ_c y_c log softmax(z)_c, and a guess is
+  # right when it is the class of largest weight (here rows 0 and 1, not row 2).
+  labels = np.array([[0.7, 0.3, 0.0], [0.2, 0.2, 0.6], [0.4, 0.6, 0.0]], np.float32)
+  logits = np.array([[2.0, 1.0, 0.0], [0.0, 0.5, 1.0], [3.0, 0.0, 1.0]], np.float32)
+  metrics = task.loss(_Fixed(jnp.asarray(logits)), {'input': np.zeros((3, 3), np.float32),
+                                                    'label': labels})
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(metrics['loss'][0], -(labels * log_probs).sum(-1), rtol=1e-6)
+  np.testing.assert_array_equal(metrics['accuracy'][0], [1.0, 1.0, 0.0])
