@@ -166,6 +166,22 @@ def test_corruption_comes_from_the_corruption_stream_in_training_only():
   assert abs(noise.mean()) < 4 * 0.2 / math.sqrt(noise.size)
 
 
+def test_a_denoising_autoencoder_reconstructs_the_clean_image_from_the_corrupted_one(contractive):
+  """R(x, σ(logits(x̃))): the model reads the corrupted x̃, the loss compares with the clean x."""
+  model, params = contractive
+  task = tasks.build('autoencoder', corruption='masking', noise_level=0.5)
+  x = images(B)
+  batch = task.transform({'corruption': jax.random.PRNGKey(0)}, {'input': x}, True)
+  corrupted = np.asarray(batch['input'])
+  assert not np.array_equal(corrupted, x)
+  totals = _totals(task.loss(_bind(model, params), batch))
+  logits = np.asarray(model.apply({'params': params}, corrupted)[0], np.float64)
+  p, target = 1 / (1 + np.exp(-logits)), np.asarray(x, np.float64)
+  cross_entropy = -(target * np.log(p) + (1 - target) * np.log(1 - p)).reshape(B, -1).sum(1)
+  np.testing.assert_allclose(totals['reconstruction'], cross_entropy, rtol=1e-5)
+  np.testing.assert_allclose(totals['loss'], cross_entropy, rtol=1e-5)
+
+
 # VAE ---------------------------------------------------------------------------------------
 
 
