@@ -40,12 +40,13 @@ def test_writes_the_figure_of_a_run(trained_run, data_dir, tmp_path, monkeypatch
   label = int(record['label'])
   assert label == 3 and expected.max() == 1
 
-  seen, figures = [], []
+  seen, found, figures = [], [], []
   first_conv = plot_filters.first_conv
 
   def recording(module, variables, inputs):
     seen.append([np.asarray(x) for x in inputs])
-    return first_conv(module, variables, inputs)
+    found.append(first_conv(module, variables, inputs))
+    return found[-1]
 
   close = plot_filters.plt.close
   monkeypatch.setattr(plot_filters, 'first_conv', recording)
@@ -57,6 +58,14 @@ def test_writes_the_figure_of_a_run(trained_run, data_dir, tmp_path, monkeypatch
   titles = [ax.get_title() for ax in figures[0].axes]
   assert f'input (test image 8, label {label})' in titles
   assert os.path.getsize(output) > 1000 and '4 kernels of 3×3' in what
+  # The panels show the input, then each kernel's input channel 0, then each kernel's map.
+  kernel, maps = found[0]
+  shown = [np.asarray(ax.images[0].get_array()) for ax in figures[0].axes if ax.images]
+  assert len(shown) == 1 + 4 + 4
+  np.testing.assert_array_equal(shown[0], expected[0, :, :, 0])
+  for k in range(4):
+    np.testing.assert_array_equal(shown[1 + k], kernel[:, :, 0, k])
+    np.testing.assert_array_equal(shown[5 + k], maps[:, :, k])
   assert 'step 3' in what and checkpoint.restore_arrays(trained_run)['step'] == 3
 
 
