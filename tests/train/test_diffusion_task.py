@@ -186,6 +186,34 @@ def test_every_ddpm_sampler_draws_the_data_with_the_exact_eps(sampler, steps, op
   assert abs(x.std() / ExactEps.C - 1) < 4 / np.sqrt(2 * x.size), x.std()
 
 
+def test_image_samples_come_back_mapped_from_minus_one_one_to_zero_one():
+  """Images are trained in [−1, 1] and returned as (x + 1) / 2: for data N(0, c²) drawn with the
+  exact ε, mean 1/2 and std c/2 (a clip of x to [0, 1] instead would give mean 0.12)."""
+  task = tasks.build('diffusion', {'features': ('x',), 'shapes': {'x': (2, 1, 1)}},
+                     objective='ddpm', input_key='x')
+  x = jax.jit(lambda key: task.sample(ExactEps(), {}, key, 2048, 25, sampler='ode'))(
+      jax.random.PRNGKey(4))
+  x = np.asarray(x, np.float64)
+  assert x.shape == (2048, 2, 1, 1)
+  half_c = ExactEps.C / 2
+  assert abs(x.mean() - 0.5) < 4 * half_c / np.sqrt(x.size), x.mean()
+  assert abs(x.std() / half_c - 1) < 4 / np.sqrt(2 * x.size), x.std()
+
+
+def test_preprocess_maps_pixels_to_minus_one_one_and_binarises_at_128_for_d3pm():
+  pixels = np.array([0, 51, 127, 128, 255], np.uint8).reshape(1, 5, 1, 1)
+  ddpm = tasks.build('diffusion', {'features': ('image',)}, objective='ddpm')
+  x0 = ddpm.preprocess({'image': pixels})['x0']
+  assert x0.dtype == np.float32
+  np.testing.assert_allclose(x0.ravel(), [-1.0, -0.6, 127 / 127.5 - 1, 128 / 127.5 - 1, 1.0],
+                             rtol=1e-6, atol=1e-7)
+  d3pm = tasks.build('diffusion', {'features': ('image',)}, objective='d3pm', num_steps=20)
+  np.testing.assert_array_equal(d3pm.preprocess({'image': pixels})['x0'].ravel(), [0, 0, 0, 1, 1])
+  # Real-valued data (the 2-D mixtures' points) are used as they are.
+  points = np.array([[-3.5, 2.25]], np.float64)
+  np.testing.assert_array_equal(ddpm.preprocess({'image': points})['x0'], points)
+
+
 def test_a_sampler_of_another_objective_is_refused():
   task = tasks.build('diffusion', {'features': ('x',), 'shapes': {'x': (2,)}}, objective='d3pm',
                      input_key='x')
