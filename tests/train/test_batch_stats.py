@@ -2,6 +2,7 @@
 float64 model in training mode on the whole data set as one batch, whose BatchNorm
 layers each normalise by (and record) the statistics of exactly that batch."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -193,6 +194,49 @@ def test_two_dense_batch_norms_against_numpy(trained):
   assert max(_errors(stats, reference).values()) < TOLERANCE
   # Two BN layers: exact after two passes, without a third to confirm it.
   assert info['passes'] == 2 and info['converged']
+
+
+class _PaddedSequenceNorm(nn.Module):
+  """BatchNorm over the real steps of [B, T, C] sequences: its `mask` leaves the padding out."""
+
+  @nn.compact
+  def __call__(self, x_BxTxC, lengths_B, *, train=False):
+    mask_BxTx1 = (jnp.arange(x_BxTxC.shape[1])[None, :] < lengths_B[:, None])[..., None]
+    return nn.BatchNorm(use_running_average=not train)(x_BxTxC, mask=mask_BxTx1)
+
+
+def test_a_batch_norm_mask_leaves_positions_out_and_the_change_is_on_the_normalised_scale():
+  rng = np.random.default_rng(3)
+  lengths = np.array([5, 1, 3, 4, 2, 5, 3], np.int32)
+  # Channel means 2 and −1, standard deviations 0.5 and 2; the padding holds 100s, which
+  # would dominate any statistic that counted it.
+  x = rng.normal(size=(7, 5, 2)) * [0.5, 2.0] + [2.0, -1.0]
+  valid = np.arange(5)[None, :] < lengths[:, None]
+  x = np.where(valid[..., None], x, 100.0).astype(np.float32)
+  model = _PaddedSequenceNorm()
+  variables = {'batch_stats': {'BatchNorm_0': {'mean': np.zeros(2, np.float32),
+                                               'var': np.ones(2, np.float32)}},
+               'params': {'BatchNorm_0': {'scale': np.ones(2, np.float32),
+                                          'bias': np.zeros(2, np.float32)}}}
+  batches = lambda: ({'input': x[i:i + 3], 'length': lengths[i:i + 3]} for i in range(0, 7, 3))
+  stats, info = batch_stats.recompute_batch_stats(
+      model, variables, batches, model_inputs=lambda b: (b['input'], b['length']))
+  real = x[valid].astype(np.float64)  # [23 real steps, C]
+  mean, var = real.mean(0), real.var(0)
+  np.testing.assert_allclose(stats['BatchNorm_0']['mean'], mean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(stats['BatchNorm_0']['var'], var, rtol=1e-5)
+  assert info['examples'] == 7 and info['passes'] == 1
+  # From (μ, σ²) = (0, 1): the change is max(|μ| / √(σ² + ε), |σ² − 1| / (σ² + ε)).
+  scale = var + 1e-5
+  expected = max(np.max(np.abs(mean) / np.sqrt(scale)), np.max(np.abs(var - 1) / scale))
+  np.testing.assert_allclose(info['changes'], [expected], rtol=1e-5)
+  assert expected == np.max(np.abs(mean) / np.sqrt(scale))  # the means' change, here
+  # Started at the exact means, the variances' change is the largest.
+  start = {**variables, 'batch_stats': {'BatchNorm_0': {'mean': mean.astype(np.float32),
+                                                        'var': np.ones(2, np.float32)}}}
+  _, info = batch_stats.recompute_batch_stats(
+      model, start, batches, model_inputs=lambda b: (b['input'], b['length']))
+  np.testing.assert_allclose(info['changes'], [np.max(np.abs(var - 1) / scale)], rtol=1e-5)
 
 
 def test_a_model_without_batch_norm_is_refused():
