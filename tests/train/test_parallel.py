@@ -161,3 +161,15 @@ def test_a_wrong_fsdp_min_size_is_named(value):
   with pytest.raises(ValueError, match=f'parallel.fsdp_min_size must be a non-negative integer '
                                        f'.*got {value!r}'):
     parallel.Parallel('fsdp', parallel.make_mesh(1), fsdp_min_size=value)
+
+
+@pytest.mark.parametrize('shape, axis_size, min_size, spec', [
+    ((4, 6), 2, 24, (None, 'data')),  # 24 elements, not fewer than 24: split, along the 6
+    ((4, 6), 2, 25, ()),  # fewer elements than fsdp_min_size: replicated
+    ((6, 8), 4, 0, (None, 'data')),  # only the 8 divides by 4
+    ((12, 8), 4, 0, ('data',)),  # both do: the larger, 12
+    ((3, 5), 2, 0, ()),  # none does
+])
+def test_fsdp_splits_the_largest_dimension_the_axis_divides(shape, axis_size, min_size, spec):
+  from train import parallel  # pylint: disable=g-import-not-at-top
+  assert tuple(parallel.fsdp_spec(shape, axis_size, min_size)) == spec

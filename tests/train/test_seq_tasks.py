@@ -116,9 +116,10 @@ class _FixedLogits(nn.Module):
     return logits_BxTxK
 
 
-def test_tagging_f1_over_batches_equals_sklearn_over_the_valid_steps():
+@pytest.mark.parametrize('positive_tag', [1, 0])
+def test_tagging_f1_over_batches_equals_sklearn_over_the_valid_steps(positive_tag):
   rng = np.random.default_rng(0)
-  task = tasks.build('tagging', {'features': ('input', 'tags', 'length')})
+  task = tasks.build('tagging', {'features': ('input', 'tags', 'length')}, positive_tag=positive_tag)
   module = _FixedLogits()
   sums = {}
   all_true, all_pred, all_nll = [], [], []
@@ -139,9 +140,19 @@ def test_tagging_f1_over_batches_equals_sklearn_over_the_valid_steps():
   values = task.finalize(sums)
   # The loss is the mean NLL over the valid steps only, not over the padded ones too.
   assert values['loss'] == pytest.approx(np.mean(all_nll), rel=1e-6)
-  assert values['f1'] == pytest.approx(sk_metrics.f1_score(all_true, all_pred), abs=1e-6)
+  assert values['f1'] == pytest.approx(
+      sk_metrics.f1_score(all_true, all_pred, pos_label=positive_tag), abs=1e-6)
   assert values['accuracy'] == pytest.approx(sk_metrics.accuracy_score(all_true, all_pred),
                                              abs=1e-6)
+
+
+def test_tagging_without_a_positive_tag_reports_no_f1():
+  task = tasks.build('tagging', positive_tag=-1)
+  module = _FixedLogits()
+  batch = task.preprocess({'input': np.zeros((2, 3, 2), np.float32), 'tags': np.zeros((2, 3)),
+                           'length': np.array([3, 2])})
+  variables = module.init(jax.random.PRNGKey(0), batch['input'], batch['length'])
+  assert set(task.eval_metrics(_bound(module, variables), batch)) == {'loss', 'accuracy'}
 
 
 def test_tagging_rejects_tags_that_do_not_align_with_the_inputs():
