@@ -84,11 +84,14 @@ def test_negative_weight_decay_is_refused():
     optim.make_optimizer(_config(weight_decay=-1e-4), 10)
 
 
-def test_adam_first_step_is_lr_times_sign():
+@pytest.mark.parametrize('name', ['adam', 'adamw'])
+@pytest.mark.parametrize('eps', [1e-8, 0.5])
+def test_adam_first_step_is_lr_times_sign(name, eps):
   g = jnp.array([0.3, -2.0, 1e-3])
-  out = _run(_config(name='adam', learning_rate=0.01), [g], jnp.zeros(3))
-  # Bias-corrected m̂ = g and v̂ = g², so the first step is −η g/(|g| + ε).
-  np.testing.assert_allclose(out, -0.01 * g / (jnp.abs(g) + 1e-8), rtol=1e-5)
+  out = _run(_config(name=name, learning_rate=0.01, eps=eps), [g], jnp.zeros(3))
+  # Bias-corrected m̂ = g and v̂ = g², so the first step is −η g/(|g| + ε) (the decay of the
+  # zero parameters is 0).
+  np.testing.assert_allclose(out, -0.01 * g / (jnp.abs(g) + eps), rtol=1e-5)
 
 
 def test_clipping_by_global_norm():
