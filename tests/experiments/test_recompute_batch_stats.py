@@ -47,13 +47,10 @@ def _files(workdir) -> dict:
   return digests
 
 
-@pytest.fixture(scope='module')
-def trained_run(tmp_path_factory, data_dir):
-  """The work directory of a tiny ResNet run whose checkpoint of step 3, written by the run's
-  own Checkpointer, holds random parameters and the initial statistics (μ = 0, σ² = 1): drawn
-  in NumPy, as compiling the random initialisation and a train step would take most of this
-  test's time."""
-  rng = np.random.default_rng(0)
+def _random_kernels(seed: int):
+  """A `draw` for fake_runs.save_random_run: kernels N(0, 1/fan-in), scales and variances 1,
+  everything else 0."""
+  rng = np.random.default_rng(seed)
 
   def draw(path, leaf):
     name = jax.tree_util.keystr(path[-1:], simple=True)
@@ -61,8 +58,18 @@ def trained_run(tmp_path_factory, data_dir):
       return rng.normal(size=leaf.shape).astype(leaf.dtype) / np.sqrt(np.prod(leaf.shape[:-1]))
     return np.full(leaf.shape, name in ('scale', 'var'), leaf.dtype)
 
+  return draw
+
+
+@pytest.fixture(scope='module')
+def trained_run(tmp_path_factory, data_dir):
+  """The work directory of a tiny ResNet run whose checkpoint of step 3, written by the run's
+  own Checkpointer, holds random parameters and the initial statistics (μ = 0, σ² = 1): drawn
+  in NumPy, as compiling the random initialisation and a train step would take most of this
+  test's time."""
   return fake_runs.save_random_run(_config(data_dir, _TINY_RESNET),
-                                   str(tmp_path_factory.mktemp('resnet_run')), step=3, draw=draw)
+                                   str(tmp_path_factory.mktemp('resnet_run')), step=3,
+                                   draw=_random_kernels(seed=0))
 
 
 def test_writes_before_and_after_and_leaves_the_run_as_it_was(trained_run, capsys):
@@ -212,16 +219,8 @@ def augmented_ema_run(tmp_path_factory, data_dir):
   config = _config(data_dir, _TINY_RESNET)
   config.task.augment = [('vertical_flip', {'p': 1.0})]
   config.ema_decay = 0.99
-  rng = np.random.default_rng(1)
-
-  def draw(path, leaf):
-    name = jax.tree_util.keystr(path[-1:], simple=True)
-    if name == 'kernel':
-      return rng.normal(size=leaf.shape).astype(leaf.dtype) / np.sqrt(np.prod(leaf.shape[:-1]))
-    return np.full(leaf.shape, name in ('scale', 'var'), leaf.dtype)
-
   return fake_runs.save_random_run(config, str(tmp_path_factory.mktemp('augmented_ema_run')),
-                                   step=3, draw=draw)
+                                   step=3, draw=_random_kernels(seed=1))
 
 
 def test_statistics_use_unaugmented_inputs_and_the_parameter_average(augmented_ema_run,
