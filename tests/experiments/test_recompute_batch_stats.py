@@ -47,6 +47,24 @@ def _files(workdir) -> dict:
   return digests
 
 
+def _record_what_recompute_is_given(monkeypatch, batch_stats) -> tuple[list, list]:
+  """Wraps `batch_stats.recompute_batch_stats`; returns the lists it fills as the script runs:
+  (model inputs, mask) of every batch fed, and the variables of every call."""
+  fed, given = [], []
+  recompute = batch_stats.recompute_batch_stats
+
+  def recording(module, variables, batches, *, model_inputs, **kwargs):
+    given.append(variables)
+    def recorded():
+      for batch in batches():
+        fed.append((np.asarray(model_inputs(batch)[0]), np.asarray(batch['mask'])))
+        yield batch
+    return recompute(module, variables, recorded, model_inputs=model_inputs, **kwargs)
+
+  monkeypatch.setattr(batch_stats, 'recompute_batch_stats', recording)
+  return fed, given
+
+
 def _random_kernels(seed: int):
   """A `draw` for fake_runs.save_random_run: kernels N(0, 1/fan-in), scales and variances 1,
   everything else 0."""
@@ -150,17 +168,7 @@ def test_the_statistics_come_from_the_first_training_examples_as_evaluated(train
   # (not the eval split, not the training transform).
   from data import pipeline  # pylint: disable=g-import-not-at-top
   from train import batch_stats, loop  # pylint: disable=g-import-not-at-top
-  fed = []
-  recompute = batch_stats.recompute_batch_stats
-
-  def recording(module, variables, batches, *, model_inputs, **kwargs):
-    def recorded():
-      for batch in batches():
-        fed.append((np.asarray(model_inputs(batch)[0]), np.asarray(batch['mask'])))
-        yield batch
-    return recompute(module, variables, recorded, model_inputs=model_inputs, **kwargs)
-
-  monkeypatch.setattr(batch_stats, 'recompute_batch_stats', recording)
+  fed, _ = _record_what_recompute_is_given(monkeypatch, batch_stats)
   record = script.recompute(trained_run, examples=300, batch_size=64)
   first_pass = []
   for inputs, mask in fed:
@@ -228,18 +236,7 @@ def test_statistics_use_unaugmented_inputs_and_the_parameter_average(augmented_e
   # The images are fed as evaluated (not flipped, as training flips every one) through the
   # network evaluation uses: the parameter average the checkpoint holds, not the parameters.
   from train import batch_stats  # pylint: disable=g-import-not-at-top
-  fed, given = [], []
-  recompute = batch_stats.recompute_batch_stats
-
-  def recording(module, variables, batches, *, model_inputs, **kwargs):
-    given.append(variables)
-    def recorded():
-      for batch in batches():
-        fed.append((np.asarray(model_inputs(batch)[0]), np.asarray(batch['mask'])))
-        yield batch
-    return recompute(module, variables, recorded, model_inputs=model_inputs, **kwargs)
-
-  monkeypatch.setattr(batch_stats, 'recompute_batch_stats', recording)
+  fed, given = _record_what_recompute_is_given(monkeypatch, batch_stats)
   script.recompute(augmented_ema_run, examples=64, batch_size=64, max_passes=1)
   import data  # pylint: disable=g-import-not-at-top
   from train import loop  # pylint: disable=g-import-not-at-top
