@@ -49,7 +49,8 @@ class MLP(nn.Module):
     if not self.features:
       raise ValueError('MLP features must name at least the output width, got an empty sequence.')
     # numbers.Integral takes NumPy integers (a width from np.arange) too, but not True or False.
-    if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w > 0 for w in self.features):
+    if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w > 0
+               for w in self.features):
       raise ValueError(f'MLP features must be positive integers, got {tuple(self.features)}.')
     if not 0 <= self.dropout_rate < 1:
       raise ValueError(f'MLP dropout_rate must lie in [0, 1), got {self.dropout_rate}.')

@@ -81,7 +81,8 @@ def build(name: str, batch_norm_axis_name: str | None = None,
   if cls is MLP and num_classes is not None and features and features[-1] != num_classes:
     # The MLP has no num_classes option: its last width is the number of logits.
     raise ValueError(f'config.model.features={features!r} ends in {features[-1]!r}, the number of '
-                     f'logits, but the data has {num_classes} classes; make its last entry {num_classes}.')
+                     f'logits, but the data has {num_classes} classes; make its last entry '
+                     f'{num_classes}.')
   if options.get('dtype') is not None:
     options['dtype'] = compute_dtype(options['dtype'])
   if 'batch_norm_axis_name' in fields:

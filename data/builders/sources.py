@@ -55,8 +55,8 @@ def find_dir(name: str, builder_cls, source_dir: str | os.PathLike | None,
 
 def given_dir(builder_cls, source_dir: str | os.PathLike | None) -> tuple[str, str] | None:
   """(folder, origin) the caller named, by `source_dir` or the environment variable, if any."""
-  for origin, folder in (('source_dir', source_dir),
-                         (f'${builder_cls.SOURCE_ENV_VAR}', os.environ.get(builder_cls.SOURCE_ENV_VAR))):
+  env_var = builder_cls.SOURCE_ENV_VAR
+  for origin, folder in (('source_dir', source_dir), (f'${env_var}', os.environ.get(env_var))):
     if folder:
       return os.fspath(folder), origin
   return None
