@@ -12,6 +12,7 @@ keys and values, O(L). Prints new tokens per second for both and their ratio.
 The model's `max_length` is raised to the longest length for models with one.
 """
 
+import dataclasses
 import functools
 import os
 import sys
@@ -72,8 +73,12 @@ def has_cache(config) -> bool | None:
   classes, horizon), which do not decide it; None if it cannot be built so."""
   options = config.model.to_dict()
   name = options.pop('name')
+  # Only for options the model has: the MLP, whose last width is its number of classes, is
+  # refused against a stand-in class count.
+  fields = ({f.name for f in dataclasses.fields(registry.MODELS[name])}
+            if name in registry.MODELS else set())
   stand_ins = {key: 2 for key in ('vocab_size', 'num_classes', 'horizon')
-               if options.get(key) is None}
+               if key in fields and options.get(key) is None}
   try:
     return sampling.supports_cache(registry.build(name, None, stand_ins, **options))
   except (ValueError, TypeError):
