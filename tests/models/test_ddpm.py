@@ -236,3 +236,36 @@ def test_a_traced_step_outside_one_to_t_gives_nan():
   assert np.all(np.isnan(x_t[0])) and np.all(np.isnan(x_t[2]))
   np.testing.assert_allclose(x_t[1], np.sqrt(ALPHA_BARS[0]) + np.sqrt(1 - ALPHA_BARS[0]),
                              rtol=1e-6)
+
+
+def test_loss_draws_every_respaced_step_uniformly_and_calls_the_net_with_its_original_timestep():
+  # x_0 = 0, so x_t = √(1 − ᾱ_t) ε, and the net below returns ε exactly from the original
+  # table plus an offset equal to the timestep it is called with: each loss term is then
+  # τ², which tells which step was drawn and with which timestep the net was called.
+  # Guards against the net being called with the respaced index and against t = K never
+  # being drawn.
+  original = ddpm.linear_schedule(10, 0.05, 0.3)
+  one_minus_alpha_bars = 1 - np.cumprod(1 - np.linspace(0.05, 0.3, 10))
+  respaced = ddpm.respace(original, 4)  # timesteps 1, 4, 7, 10 (0-based 0, 3, 6, 9)
+
+  def net(x_t, t_B):
+    scale = jnp.sqrt(jnp.asarray(one_minus_alpha_bars, jnp.float32)[t_B - 1])[:, None]
+    return x_t / scale + t_B[:, None].astype(jnp.float32)
+
+  batch = 4000
+  losses = np.asarray(ddpm.loss_terms(respaced, net, jnp.zeros((batch, 1)), jax.random.PRNGKey(3)))
+  np.testing.assert_allclose(np.sqrt(losses), np.round(np.sqrt(losses)), atol=1e-3)
+  values, counts = np.unique(np.round(np.sqrt(losses)).astype(int), return_counts=True)
+  np.testing.assert_array_equal(values, [1, 4, 7, 10])
+  # Each count is Binomial(4000, 1/4): SD 27, so ±110 is 4 SD.
+  assert np.all(np.abs(counts - batch / 4) < 110), counts
+
+
+def test_respacing_a_respaced_schedule_keeps_the_original_timesteps():
+  # The 4 kept steps of T = 10 are 1, 4, 7, 10; 2 of those are the first and last, whose
+  # timesteps are 1 and 10 of the original process, not 1 and 4 (their places in the 4).
+  original = ddpm.linear_schedule(10, 0.05, 0.3)
+  twice = ddpm.respace(ddpm.respace(original, 4), 2)
+  np.testing.assert_array_equal(twice.timesteps_T, [1, 10])
+  alpha_bars = np.cumprod(1 - np.linspace(0.05, 0.3, 10))
+  np.testing.assert_allclose(twice.alpha_bars_T, alpha_bars[[0, 9]], rtol=1e-6)
