@@ -388,3 +388,20 @@ def test_multi_head_attention_cache_refuses_to_run_past_its_end():
   assert np.isnan(past_end).all()
   filled, _ = decode(mutated['cache'], x[:, 3:])
   assert np.isfinite(filled).all()
+
+
+def test_projection_kernels_are_lecun_normal_over_their_whole_fan_in():
+  """Var(W) = 1/fan_in with the fan-in of the matrix the kernel stands for: D for the [D, N, H]
+  query/key/value kernels (not N·D, what lecun_normal's default axes, in = −2 and out = −1,
+  would take for a [D, N, H] kernel), and N·H for W^O [N, H, D′]."""
+  width, heads, head_dim = 64, 8, 16
+  module = core.MultiHeadAttention(heads, head_dim=head_dim, out_features=64)
+  params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, 2, width)))['params']
+  params = nn.meta.unbox(params)
+  # lecun_normal draws a truncated normal whose standard deviation is exactly 1/√fan_in.
+  for name, fan_in in [('query', width), ('key', width), ('value', width),
+                       ('out', heads * head_dim)]:
+    kernel = np.asarray(params[name]['kernel'])
+    assert kernel.size == 8192
+    # Standard error of the estimate ≈ 1/√(2·8192) ≈ 0.8 %.
+    np.testing.assert_allclose(kernel.std(), 1 / np.sqrt(fan_in), rtol=0.05, err_msg=name)
