@@ -212,3 +212,22 @@ def test_rotary_scores_depend_on_the_offset_alone():
       jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), v, causal=True, block=4,
       rotary=(np.arange(9) + start, np.arange(9) + start, 10.0))
   np.testing.assert_allclose(run(0), run(5), rtol=1e-5, atol=1e-6)
+
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_rotated_numerator_features_keep_padding_garbage_out(causal):
+  # The rotated key features ψk enter the numerator through their own sum Σ ψk vᵀ: padded
+  # keys must be zeroed there too, or a NaN key reaches every row (NaN·0 is NaN).
+  q, k, v = _qkv(12, 12, seed=9)
+  positions, base = np.arange(12), 100.0
+  valid_BxS = padding_allowed(LENGTHS, 12)[:, 0, 0]
+  k[~valid_BxS], v[~valid_BxS] = np.nan, np.nan
+  out = jax.jit(lambda q, k, v: linear.linear_attention(
+      q, k, v, causal=causal, key_valid_BxS=valid_BxS, block=5,
+      rotary=(positions, positions, base)))(q, k, v)
+  allowed = padding_allowed(LENGTHS, 12) & (causal_allowed(12, 12)[None, None] if causal else True)
+  valid = valid_BxS[..., None, None]
+  clean_k, clean_v = np.where(valid, k, 0), np.where(valid, v, 0)
+  np.testing.assert_allclose(out, rotary_quadratic_form(q, clean_k, clean_v, allowed, positions,
+                                                        positions, base), rtol=1e-5, atol=2e-6)
