@@ -259,3 +259,47 @@ def test_bfloat16_compute_keeps_float32_parameters_and_distributions():
   ae = registry.build('autoencoder', dtype='bfloat16', image_shape=SHAPE, latent_dim=3)
   logits, _ = jax.eval_shape(lambda: ae.apply(ae.init(_RNGS['params'], images()), images()))
   assert logits.dtype == jnp.bfloat16
+
+
+def test_sigmoid_encoder_jacobian_norm_equals_the_autodiff_jacobian():
+  # ‖∂h/∂x‖²_F of h = σ(W x + b), from the Jacobian jax.jacobian takes of the encoder itself.
+  model = autoencoders.ContractiveAutoencoder(latent_dim=3, image_shape=SHAPE)
+  x = images(batch=2)
+  variables = model.init(jax.random.PRNGKey(0), x)
+  encode = lambda x1: model.apply(variables, x1[None], method='encode')[0]
+  jacobians = [np.asarray(jax.jacobian(encode)(x[i]), np.float64) for i in range(2)]
+  expected = [np.sum(j**2) for j in jacobians]  # [K, *SHAPE] each
+  h = model.apply(variables, x, method='encode')
+  kernel = variables['params']['encoder_0']['kernel']
+  got = autoencoders.sigmoid_encoder_jacobian_sq_norm(h, kernel)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_a_named_code_activation_is_applied_to_the_code():
+  model = autoencoders.Autoencoder(latent_dim=3, hidden_sizes=(), code_activation='tanh',
+                                   image_shape=SHAPE)
+  x = images()
+  variables = model.init(jax.random.PRNGKey(0), x)
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), variables['params']['encoder_0'])
+  expected = np.tanh(np.asarray(x, np.float64).reshape(5, 12) @ p['kernel'] + p['bias'])
+  np.testing.assert_allclose(model.apply(variables, x, method='encode'), expected, atol=1e-6)
+
+
+def test_bernoulli_vae_draws_pixels_with_the_decoded_probabilities():
+  # One key gives the same z to both calls, so each binary draw is Bernoulli(mean). With the
+  # last decoder bias at +3 on half the pixels and −3 on the others, the pixels' frequencies
+  # of 1 over n draws are within 4 SE of the mean probabilities (a draw with 1 − p would be
+  # far off).
+  model = _vae()
+  variables = jax.tree.map(lambda a: jnp.full(a.shape, 0.1, jnp.float32),
+                           jax.eval_shape(model.init, _RNGS, images()))
+  variables['params']['decoder_layers_1']['bias'] = jnp.asarray(
+      np.where(np.arange(12) % 2, 3.0, -3.0), jnp.float32)
+  n, key = 4000, jax.random.PRNGKey(3)
+  probs, draws = jax.jit(lambda v: [model.apply(v, n, key, method='sample', mean=m)
+                                    for m in (True, False)])(variables)
+  draws, probs = np.asarray(draws, np.float64), np.asarray(probs, np.float64)
+  assert set(np.unique(draws)) <= {0.0, 1.0}
+  se = np.sqrt(probs.mean(0) * (1 - probs.mean(0)) / n)
+  assert np.all(np.abs(draws.mean(0) - probs.mean(0)) < 4 * se + 1e-3)
+  assert np.all(np.abs(probs.mean(0) - 0.5) > 0.3)  # the pixels are far from even odds
