@@ -93,6 +93,9 @@ def test_log_mean_exp_is_stable():
                              np.log(np.exp(a).mean(0)), rtol=1e-5, atol=1e-6)
   shifted = likelihood.log_mean_exp(jnp.asarray(a - 1000.0, jnp.float32))
   np.testing.assert_allclose(shifted, np.log(np.exp(a).mean(0)) - 1000.0, rtol=1e-6)
+  # Along another axis the mean divides by that axis's length (3), not the first one's (7).
+  np.testing.assert_allclose(likelihood.log_mean_exp(jnp.asarray(a, jnp.float32), axis=1),
+                             np.log(np.exp(a).mean(1)), rtol=1e-5, atol=1e-6)
 
 
 # Autoencoder ------------------------------------------------------------------------------

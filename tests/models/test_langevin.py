@@ -174,3 +174,15 @@ def test_bad_arguments_raise():
       (lambda: toy2d.dataset('moons'), "'moons'")]:
     with pytest.raises(ValueError, match=message):
       call()
+
+
+@pytest.mark.parametrize('statistic', ['energy', 'mmd'])
+def test_permutation_p_value_counts_the_observed_labelling(statistic):
+  # Two samples of 20 points 10 apart: of the C(40, 20) labellings only the observed one and
+  # its swap reach the observed statistic, so none of 19 random permutations does (probability
+  # about 19 · 2 / 1.4e11) and p = (1 + 0)/(1 + 19) = 0.05 (Phipson & Smyth 2010), never 0.
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(20, 2)), jnp.float32)
+  y = x + 10.0
+  _, p_value = langevin.two_sample_test(x, y, jax.random.PRNGKey(0), 19, statistic=statistic)
+  np.testing.assert_allclose(p_value, 0.05, rtol=1e-6)
