@@ -276,3 +276,17 @@ def test_scaled_embeddings_equal_a_table_multiplied_by_root_d():
   np.testing.assert_allclose(got, unscaled.apply({'params': table_params}, tokens),
                              rtol=1e-5, atol=1e-5)
   assert not np.allclose(got, unscaled.apply({'params': params}, tokens), atol=1e-2)
+
+
+def test_initial_embedding_and_output_scales():
+  """GPT-2's initialisation: the token table E ~ N(0, 0.02²), and the untied output layer
+  LeCun normal (std 1/√D). A table drawn at std 1 would give tied logits h Eᵀ of order √D
+  at the start instead of about 0.02·√D."""
+  model = GPT(vocab_size=512, num_layers=1, features=64, num_heads=2, max_length=4,
+              tie_embeddings=False)
+  params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32)))
+  table = np.asarray(params['params']['token_embed']['embed']['embedding'])
+  output = np.asarray(params['params']['output']['kernel'])
+  # 32,768 entries each: the standard error of a standard deviation is ≈ 0.4 %.
+  np.testing.assert_allclose(table.std(), 0.02, rtol=0.03)
+  np.testing.assert_allclose(output.std(), 1 / np.sqrt(64), rtol=0.03)
