@@ -378,3 +378,18 @@ def test_bad_options_raise_one_sentence(options, x_shape, t_shape, message):
   with pytest.raises(ValueError, match=message):
     model = UNet(**options)
     jax.eval_shape(model.init, jax.random.key(0), jnp.zeros(x_shape), jnp.zeros(t_shape))
+
+
+def test_downsampling_is_a_stride_2_convolution_padded_by_one_on_every_side(small_run):
+  """The 3×3 stride-2 convolution equals the stride-1 one (zero padding 1 on every side)
+  sampled at even positions: output (i, j) is centred on input (2i, 2j). Catches 'SAME'
+  padding, which pads 28 → 14 by one pixel at the end only and so centres it on (2i+1, 2j+1)."""
+  records, params = small_run['records'], small_run['params']
+  downsamples = [name for name in small_run['order'] if name.endswith('_downsample')]
+  assert downsamples == ['down0_downsample', 'down1_downsample']
+  for name in downsamples:
+    (x,), out = records[name]
+    expected = np_conv(_f64(x), params[name])[:, ::2, ::2]
+    assert out.shape == expected.shape, name
+    # float32 against float64: measured 1e-6 relative to values of size ~1.
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5, err_msg=name)
