@@ -443,3 +443,21 @@ def test_a_bidirectional_rnn_refuses_to_decode():
   with pytest.raises(ValueError, match='bidirectional RNN cannot decode'):
     jax.eval_shape(lambda: rnn.RNN('gru', H, bidirectional=True).init(
         jax.random.PRNGKey(0), inputs(B, T, C), decode=True))
+
+
+def test_gru_recurrent_kernels_start_orthogonal_like_flaxs_elman_and_lstm_cells():
+  """U_r | U_z ('gates', [H, 2H]) and U_h ('candidate', [H, H]) are drawn orthogonal, as the
+  recurrent kernels of Flax's SimpleCell and OptimizedLSTMCell are: Uᵀ U = I keeps h's norm
+  through the recurrent product at the start. The input kernel is LeCun normal, not
+  orthogonal."""
+  features = 6
+  params = rnn.GRUCell(features).init(jax.random.PRNGKey(0), jnp.zeros((1, features)),
+                                      jnp.zeros((1, 4)))['params']
+  gates = np.asarray(params['gates']['kernel'])
+  candidate = np.asarray(params['candidate']['kernel'])
+  assert gates.shape == (features, 2 * features)
+  # An [H, 2H] orthogonal draw has orthonormal rows.
+  np.testing.assert_allclose(gates @ gates.T, np.eye(features), atol=1e-5)
+  np.testing.assert_allclose(candidate.T @ candidate, np.eye(features), atol=1e-5)
+  inputs = np.asarray(params['input']['kernel'])
+  assert np.abs(inputs @ inputs.T - np.eye(4)).max() > 0.1
