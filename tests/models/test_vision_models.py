@@ -476,3 +476,30 @@ def test_option_errors_are_one_sentence(name, options, message):
   options = {'num_classes': 10, **options}
   with pytest.raises(ValueError, match=f'^{message}$'):
     registry.build(name, None, **options)
+
+
+def test_every_batch_norm_keeps_nine_tenths_of_its_running_statistics():
+  # The batch moments in training do not depend on the running statistics, so two updates
+  # from running (mean, var) = (0, 1) and (1, 2) differ by 0.9 × (1, 1) in every BatchNorm
+  # (stem, blocks and projection shortcuts alike) for momentum 0.9.
+  model = _tiny_resnet(shortcut='B')
+  x_Bx8x8x3 = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
+  # Parameters drawn by NumPy from the shapes (no init program to compile).
+  shapes = jax.eval_shape(model.init, jax.random.key(1), x_Bx8x8x3)
+  rng = np.random.default_rng(0)
+  variables = {'params': jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32),
+                                      shapes['params'])}
+  stats = shapes['batch_stats']
+  assert any('shortcut_norm' in block for block in stats.values())
+  apply = jax.jit(lambda start: model.apply({'params': variables['params'], 'batch_stats': start},
+                                            x_Bx8x8x3, train=True, mutable=['batch_stats'])[1])
+
+  def update(mean, var):
+    start = jax.tree_util.tree_map_with_path(
+        lambda path, a: jnp.full(a.shape, mean if path[-1].key == 'mean' else var), stats)
+    return apply(start)['batch_stats']
+
+  difference = jax.tree.map(lambda a, b: np.asarray(a - b, np.float64), update(1.0, 2.0),
+                            update(0.0, 1.0))
+  for path, leaf in jax.tree_util.tree_leaves_with_path(difference):
+    np.testing.assert_allclose(leaf, 0.9, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
