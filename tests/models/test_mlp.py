@@ -151,6 +151,10 @@ def test_batch_norm_uses_running_averages_at_inference():
   model = MLP((4, 2), batch_norm=True, activation='tanh')
   x_BxD = jax.random.normal(jax.random.key(6), (5, 3)) * 3.0
   variables = model.init(jax.random.key(0), x_BxD)
+  # The normalised layer has no bias of its own (BatchNorm's shift takes its place); the
+  # output layer keeps its bias.
+  assert sorted(variables['params']['Dense_0']) == ['kernel']
+  assert sorted(variables['params']['Dense_1']) == ['bias', 'kernel']
   # Fresh running averages are mean 0 and variance 1.
   w, b = _dense(variables, 0)
   hidden = np.tanh((np.asarray(x_BxD) @ w + b) / np.sqrt(1 + 1e-5))
