@@ -380,3 +380,58 @@ def test_ode_sampler_converges_at_the_order_of_its_method(method, order):
                                                  method=method, spacing='log')) - exact).max()
             for n in (20, 40)]
   assert errors[0] / errors[1] > 2**order * 0.75, errors
+
+
+def test_an_eps_network_of_a_respaced_schedule_is_called_with_its_original_timesteps():
+  # T = 10 respaced to the steps 1, 4, 7, 10: at the time t where B(t) = −log ᾱ_4, the noise
+  # level of the second kept step, the network must see its own timestep 4 (not the step's
+  # place 2); halfway in −log ᾱ between the second and third kept steps, 5.5.
+  from models.generative import ddpm  # pylint: disable=g-import-not-at-top
+  betas = np.linspace(0.01, 0.2, 10)
+  log_alpha_bars = np.cumsum(np.log1p(-betas))
+  respaced = ddpm.respace(ddpm.schedule_from_betas(betas), 4)
+  sde = sde_lib.VPSDE(beta_min=1.0, beta_max=5.0)
+  # B(t) = β_min t + ½ t² (β_max − β_min) = c, solved for t.
+  a, b = 0.5 * (sde.beta_max - sde.beta_min), sde.beta_min
+  time_of = lambda c: (-b + np.sqrt(b * b + 4 * a * c)) / (2 * a)
+  levels = np.array([-log_alpha_bars[3], -0.5 * (log_alpha_bars[3] + log_alpha_bars[6])])
+  called = []
+  probe = lambda x, label: called.append(np.asarray(label)) or jnp.zeros_like(x)
+  t_B = jnp.asarray(time_of(levels), jnp.float32)
+  sde_lib.score_from_eps(sde, probe, respaced)(jnp.zeros((2, 1)), t_B)
+  np.testing.assert_allclose(called[0], [4.0, 5.5], atol=1e-3)
+
+
+def test_discretisations_are_the_ddpm_and_smld_steps():
+  # VP (Song et al. 2021b, App. E): x_{i+1} = √(1 − β_i) x_i + √β_i z with β_i = β(t) h, so
+  # f_i = (√(1 − β_i) − 1) x and G_i = √β_i. VE: f_i = 0, G_i = √(σ(t)² − σ(t − h)²), the
+  # step between the noise levels at t − h and t (not t and t + h).
+  x = jnp.array([[1.5, -2.0]])
+  t, h = 0.6, 0.05
+  f, g = SDES['vp'].discretize(x, jnp.array([t]), h)
+  beta_i = (0.1 + t * (20.0 - 0.1)) * h
+  np.testing.assert_allclose(f, (np.sqrt(1 - beta_i) - 1) * np.array([[1.5, -2.0]]), rtol=1e-5)
+  np.testing.assert_allclose(g.reshape(-1), [np.sqrt(beta_i)], rtol=1e-5)
+  f, g = SDES['ve'].discretize(x, jnp.array([t]), h)
+  sigma = lambda s: 0.01 * (50.0 / 0.01) ** s
+  np.testing.assert_array_equal(f, 0.0)
+  np.testing.assert_allclose(g.reshape(-1), [np.sqrt(sigma(t)**2 - sigma(t - h)**2)], rtol=1e-5)
+
+
+def test_pc_sampler_starts_from_the_prior():
+  # One Langevin corrector step with a tiny snr moves x_T by ~1e-6 of its size: the result is
+  # x_T, whose standard deviation is the VE prior's σ_max = 50 within 4 SE (50/√(2n)).
+  n, sde = 2048, SDES['ve']
+  x_T = np.asarray(sde_lib.pc_sample(sde, exact_score(sde), (n, 2), jax.random.PRNGKey(0),
+                                     num_steps=1, predictor=None, snr=1e-6), np.float64)
+  assert np.all(np.abs(x_T.std(0) - 50.0) < 4 * 50.0 / np.sqrt(2 * n)), x_T.std(0)
+  assert np.all(np.abs(x_T.mean(0)) < 4 * 50.0 / np.sqrt(n)), x_T.mean(0)
+
+
+def test_min_pc_steps_keeps_beta_h_strictly_below_one_at_an_integer_boundary():
+  # β(T)(T − ε) = 20 · 0.95 = 19 exactly: 19 steps give β(T) h = 1 (a DDPM step √(1 − β h) = 0
+  # and a corrector α = 0), so 20 are needed.
+  assert 20.0 * (1.0 - 0.05) == 19.0
+  assert sde_lib.min_pc_steps(SDES['vp'], eps=0.05) == 20
+  # Just below the boundary, 18.998: 19 steps give β(T) h = 0.99989 < 1.
+  assert sde_lib.min_pc_steps(SDES['vp'], eps=0.0501) == 19
