@@ -306,3 +306,19 @@ def test_bernoulli_vae_draws_pixels_with_the_decoded_probabilities():
   se = np.sqrt(probs.mean(0) * (1 - probs.mean(0)) / n)
   assert np.all(np.abs(draws.mean(0) - probs.mean(0)) < 4 * se + 1e-3)
   assert np.all(np.abs(probs.mean(0) - 0.5) > 0.3)  # the pixels are far from even odds
+
+
+def test_decoders_mirror_the_encoders_hidden_widths():
+  # Encoder 12 → 5 → 3 → K = 2, decoder 2 → 3 → 5 → 12 (the hidden widths reversed).
+  x = images()
+  shapes = lambda model, rngs: jax.tree.map(jnp.shape, jax.eval_shape(model.init, rngs, x))['params']
+  model = autoencoders.Autoencoder(latent_dim=2, hidden_sizes=(5, 3), image_shape=SHAPE)
+  kernels = {name: p['kernel'] for name, p in shapes(model, jax.random.PRNGKey(0)).items()}
+  assert kernels == {'encoder_0': (12, 5), 'encoder_1': (5, 3), 'encoder_2': (3, 2),
+                     'decoder_0': (2, 3), 'decoder_1': (3, 5), 'decoder_2': (5, 12)}
+  vae = autoencoders.VAE(latent_dim=2, hidden_sizes=(5, 3), image_shape=SHAPE)
+  kernels = {name: p['kernel'] for name, p in shapes(vae, _RNGS).items()}
+  assert kernels == {'encoder_layers_0': (12, 5), 'encoder_layers_1': (5, 3),
+                     'posterior_mean': (3, 2), 'posterior_log_var': (3, 2),
+                     'decoder_layers_0': (2, 3), 'decoder_layers_1': (3, 5),
+                     'decoder_layers_2': (5, 12)}
