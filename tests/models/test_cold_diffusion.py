@@ -196,3 +196,16 @@ def test_bad_arguments_raise():
   for make, message in cases:
     with pytest.raises(ValueError, match=message):
       make()
+
+
+def test_pixel_order_is_a_random_permutation_fixed_by_its_key():
+  # A raster order would mask the image from its top row down, not at random places.
+  orders = [np.asarray(cold.pixel_order(key(seed), H, W)).ravel() for seed in (0, 0, 1)]
+  np.testing.assert_array_equal(orders[0], orders[1])
+  assert not np.array_equal(orders[0], orders[2])
+  for order in orders:
+    np.testing.assert_array_equal(np.sort(order), np.arange(H * W))
+    # The first half of the pixels to be masked lie in both halves of the rows; a raster
+    # order puts them all in the top half (chance for a random order: about 2 · C(24, 24)/C(48, 24)).
+    rows = np.nonzero(order.reshape(H, W) < H * W // 2)[0]
+    assert rows.min() < H // 2 <= rows.max()

@@ -116,3 +116,15 @@ def test_bad_arguments_are_rejected():
     rff.sample_features(jax.random.key(0), 3, 0, 1.0)
   with pytest.raises(ValueError, match='gamma must be positive'):
     rff.rbf_kernel(jnp.ones((1, 2)), jnp.ones((1, 2)), -1.0)
+
+
+def test_approximate_kernel_between_two_sets_is_the_product_of_their_features():
+  # z(x) = √(2/D) cos(xω + b) written out in NumPy from the drawn ω and b; the estimate for
+  # x ≠ y pairs is z(x) z(y)ᵀ, of shape N × M.
+  features = rff.sample_features(jax.random.PRNGKey(0), 2, 16, GAMMA)
+  rng = np.random.default_rng(0)
+  x, y = rng.normal(size=(3, 2)), rng.normal(size=(2, 2))
+  omega, phase = np.asarray(features.omega_DxF, np.float64), np.asarray(features.phase_F, np.float64)
+  z = lambda v: np.sqrt(2 / 16) * np.cos(v @ omega + phase)
+  got = rff.approximate_kernel(features, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
+  np.testing.assert_allclose(got, z(x) @ z(y).T, rtol=1e-5, atol=1e-6)
