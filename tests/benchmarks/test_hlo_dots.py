@@ -159,3 +159,91 @@ def test_control_flow_ops_are_the_programs_loop_and_conditional():
   opcodes = sorted(re.search(rf'%{re.escape(name)} = .*? (\w+)\(', text).group(1)
                    for name in names)
   assert opcodes == ['conditional', 'while']
+
+
+# A fusion computing two products (a plain one first, then one with batch dimensions), a call
+# of a computation holding a product, and a product whose left operand keeps its batch
+# dimension between its free and contracted ones in memory. The called computation's
+# parameters have no layouts: such arrays are row-major.
+_FUSION_CALL_AND_LAYOUT = '''HloModule m
+
+%fused_products (p0: f32[8,6], p1: f32[6,5], p2: f32[2,4,3], p3: f32[2,3,5]) -> f32[2,4,5] {
+  %p0 = f32[8,6]{1,0} parameter(0)
+  %p1 = f32[6,5]{1,0} parameter(1)
+  %dot.0 = f32[8,5]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %bitcast.0 = f32[2,4,5]{2,1,0} bitcast(%dot.0)
+  %p2 = f32[2,4,3]{2,1,0} parameter(2)
+  %p3 = f32[2,3,5]{2,1,0} parameter(3)
+  %dot.1 = f32[2,4,5]{2,1,0} dot(%p2, %p3), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+  ROOT %add.0 = f32[2,4,5]{2,1,0} add(%bitcast.0, %dot.1)
+}
+
+%callee (c0: f32[8,6], c1: f32[6,5]) -> f32[8,5] {
+  %c0 = f32[8,6] parameter(0)
+  %c1 = f32[6,5] parameter(1)
+  ROOT %dot.2 = f32[8,5]{1,0} dot(%c0, %c1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: f32[8,6], b: f32[6,5], q: f32[2,4,3], k: f32[2,3,5], t: f32[3,2,4], u: f32[2,4,5]) -> f32[2,3,5] {
+  %a = f32[8,6] parameter(0)
+  %b = f32[6,5] parameter(1)
+  %q = f32[2,4,3] parameter(2)
+  %k = f32[2,3,5] parameter(3)
+  %products_fusion = f32[2,4,5]{2,1,0} fusion(%a, %b, %q, %k), kind=kOutput, calls=%fused_products
+  %call.1 = f32[8,5]{1,0} call(%a, %b), to_apply=%callee
+  %t = f32[3,2,4]{2,0,1} parameter(4)
+  %u = f32[2,4,5]{1,0,2} parameter(5)
+  ROOT %dot.3 = f32[2,3,5]{2,1,0} dot(%t, %u), lhs_batch_dims={1}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+}
+'''
+
+
+def test_a_fusion_of_two_products_counts_both_and_is_batched_if_either_is():
+  dots = hlo_dots.dot_flops(_FUSION_CALL_AND_LAYOUT)
+  # [8, 6]·[6, 5]: 2·8·5·6 = 480; 2 batches of [4, 3]·[3, 5]: 2·2·4·5·3 = 240.
+  assert dots['products_fusion'] == Dot(480 + 240, True)
+  assert dots['dot.2'] == Dot(480, False)  # the called computation's own product
+  assert dots['dot.3'] == Dot(2 * 2 * 3 * 5 * 4, True)
+  assert 'dot.0' not in dots and 'dot.1' not in dots  # inside the fusion: the fusion's
+
+
+def test_a_batch_dimension_stored_between_others_is_given_where_it_lies_in_memory():
+  products = hlo_dots.products(_FUSION_CALL_AND_LAYOUT)
+  # The called computation's product (operands without a layout: row-major), then the fusion's.
+  assert [(p.lhs_shape, p.rhs_shape) for p in products[:3]] == [
+      ((8, 6), (6, 5)), ((8, 6), (6, 5)), ((2, 4, 3), (2, 3, 5))]
+  assert products[0].dimension_numbers == (((1,), (0,)), ((), ()))
+  # t is [3, 2, 4] stored with its dims ordered 1, 0, 2 from major to minor: in memory it is
+  # [2, 3, 4], batch dimension first; u is [2, 4, 5] stored in the order 2, 0, 1: in memory it
+  # is [5, 2, 4], batch dimension in the middle.
+  last = products[-1]
+  assert (last.lhs_shape, last.rhs_shape) == ((2, 3, 4), (5, 2, 4))
+  assert last.dimension_numbers == (((2,), (2,)), ((0,), (1,)))
+  rng = np.random.default_rng(0)
+  t, u = rng.normal(size=(3, 2, 4)), rng.normal(size=(2, 4, 5))
+  got = jax.lax.dot_general(t.transpose(1, 0, 2), u.transpose(2, 0, 1), last.dimension_numbers)
+  np.testing.assert_allclose(got, np.einsum('tbh,bhs->bts', t, u), rtol=1e-5, atol=1e-6)
+
+
+def test_control_flow_ops_include_a_call():
+  assert hlo_dots.control_flow_ops(_FUSION_CALL_AND_LAYOUT) == {'call.1'}
+
+
+def test_a_group_may_fill_the_budget_exactly_and_an_oversized_first_product_stands_alone():
+  def product(rows):  # operands of 4 · (rows + 1) bytes
+    return hlo_dots.Product((rows, 1), (1, 1), (((1,), (0,)), ((), ())), 'f32', 'f32', rows)
+
+  # 4 · (9 + 1) + 4 · (14 + 1) = 100 bytes: exactly the budget, one group.
+  assert [[p.flops for p in g] for g in hlo_dots.groups_within(
+      [product(9), product(14), product(1)], 100)] == [[9, 14], [1]]
+  # A first product over the budget is a group of its own, with no empty group before it.
+  assert [[p.flops for p in g] for g in hlo_dots.groups_within(
+      [product(99), product(1)], 100)] == [[99], [1]]
+
+
+def test_the_alone_program_takes_operands_of_each_hlo_element_type():
+  for hlo_type, dtype in (('f16', jnp.float16), ('bf16', jnp.bfloat16), ('f32', jnp.float32)):
+    listed = [hlo_dots.Product((4, 3), (3, 2), (((1,), (0,)), ((), ())), hlo_type, hlo_type, 48)]
+    program, ((lhs, rhs),) = hlo_dots.alone_program(listed, jax.random.PRNGKey(0))
+    (out,) = program([(lhs, rhs)])
+    assert lhs.dtype == rhs.dtype == out.dtype == dtype, hlo_type
