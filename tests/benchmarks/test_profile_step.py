@@ -111,3 +111,32 @@ def test_a_traced_scan_of_matrix_products_counts_every_iterations_flops(tmp_path
 def test_an_empty_trace_folder_is_an_error(tmp_path):
   with pytest.raises(FileNotFoundError, match='trace.json.gz'):
     profile_step.summarise(str(tmp_path), steps=1)
+
+
+def test_the_newest_trace_in_the_folder_is_summarised(tmp_path):
+  # A --trace_dir kept from an earlier run holds its trace too: the summary is of this run's.
+  for run, (name, mtime) in enumerate((('old_fusion.1', 1_000_000), ('new_fusion.1', 2_000_000))):
+    folder = tmp_path / 'plugins' / 'profile' / f'run{run}'
+    folder.mkdir(parents=True)
+    path = folder / 'host.trace.json.gz'
+    with gzip.open(path, 'wt') as f:
+      json.dump({'traceEvents': [_op(name, 100)]}, f)
+    os.utime(path, (mtime, mtime))
+  # Listed newest first as well as last, so that neither order of the listing decides it.
+  os.utime(tmp_path / 'plugins' / 'profile' / 'run0' / 'host.trace.json.gz', (3_000_000,) * 2)
+  assert [row.kind for row in profile_step.summarise(str(tmp_path), steps=1)] == ['old_fusion']
+  os.utime(tmp_path / 'plugins' / 'profile' / 'run1' / 'host.trace.json.gz', (4_000_000,) * 2)
+  assert [row.kind for row in profile_step.summarise(str(tmp_path), steps=1)] == ['new_fusion']
+
+
+@pytest.mark.parametrize('name', [
+    '$builtins len', 'PjitFunction(train_step)', 'CommonPjRtBuffer::Delete',
+    'ThunkExecutor::Execute', 'TfrtCpuExecutable::ExecuteHelper', 'Execute', 'jit_train_step',
+    'ProcessInputs', 'XlaModule:#hlo_module=jit_train_step#', 'Thunk:#name=dot.1#',
+    'end_of_step', 'ExecuteHelper', 'pjit_call', '[1] ynn_fusion', 'SlinkyThreadPool::Await',
+    'ThreadpoolListener::Record', 'end: ynn_fusion', 'Wait for ready', 'Allocate buffers',
+    'Handle inputs', 'ParseArguments', 'PythonRefManager::CollectGarbage'])
+def test_runtime_events_are_not_device_operations(tmp_path, name):
+  _write_trace(str(tmp_path), [_op('wrapped_tanh.3', 100), _op(name, 5000)])
+  rows = profile_step.summarise(str(tmp_path), steps=1)
+  assert [(row.kind, row.share, row.ms) for row in rows] == [('wrapped_tanh', 1.0, 0.1)]
