@@ -18,13 +18,15 @@ _DIGITS = 'experiments/configs/digits_mlp.py'
     ('train_step.py', [f'--config={_DIGITS}', '--steps=0']),
     ('train_step.py', [f'--config={_DIGITS}', '--pipeline_batches=0']),
     ('profile_step.py', [f'--config={_DIGITS}', '--steps=0']),
+    ('profile_step.py', [f'--config={_DIGITS}', '--top=0']),
     ('generation.py', [f'--config={_GPT}', '--repeats=0']),
     ('attention_scaling.py', ['--repeats=0']),
     ('attention_scaling.py', ['--width=0']),
 ])
 def test_a_count_of_zero_is_refused_by_name(script, args):
   # Without the bound each ran: a division by the zero count after the timing (train_step,
-  # profile_step), NaN rates (generation, attention_scaling) or a crash in the model.
+  # profile_step), NaN rates (generation, attention_scaling), a crash in the model or a table
+  # of no rows after the trace (profile_step's --top).
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
   result = subprocess.run([sys.executable, os.path.join('benchmarks', script), *args],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -149,6 +151,7 @@ _ONE_KIND = ['--repeats=1', '--min_batch_seconds=0']
     (['--lengths=0,64'], '--lengths=0,64 must be positive integers.'),
     (['--lengths=-8'], '--lengths=-8 must be positive integers.'),
     (['--kinds='], '--kinds= names no attention kind; give one or more of: exact, '),
+    (['--kinds=exact,flash', '--lengths=16'], "--kinds has 'flash'; allowed: exact, "),
     (['--kinds=linformer', '--causal'], '--kinds=linformer with --causal leaves nothing to measure'),
     (['--kinds=exact', '--lengths=16', '--figure=FOLDER'], 'is a folder'),
     (['--kinds=exact', '--lengths=16', '--figure=scaling.pngg'], 'must end in a figure format'),
