@@ -561,6 +561,8 @@ def _write_config(config, workdir: str) -> None:
 def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a run wrote into `workdir`, or one sentence saying it is not there."""
   path = os.path.join(os.path.abspath(workdir), CONFIG_FILE)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise FileNotFoundError(f'{workdir!r} is a file, not the work directory of a run.')
   try:
     with open(path, encoding='utf-8') as f:
       return ml_collections.ConfigDict(json.load(f))

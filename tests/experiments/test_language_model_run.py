@@ -155,3 +155,11 @@ def test_sampling_refuses_a_masked_language_model_and_a_folder_as_output(tmp_pat
       "'language_model'; only a causal language model continues a prompt.")
   assert _sample_error(f'--workdir={tmp_path}', f'--output={tmp_path}') == (
       f'error: --output={tmp_path} is a folder; give the file to write in it.')
+
+
+def test_sampling_refuses_a_work_directory_that_is_a_file(tmp_path):
+  not_a_run = tmp_path / 'notes.txt'
+  not_a_run.write_text('not a run')
+  assert _sample_error(f'--workdir={not_a_run}') == (
+      f"error: '{not_a_run}' is a file, not the work directory of a run.")
+  assert not_a_run.read_text() == 'not a run'
