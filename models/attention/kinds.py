@@ -65,9 +65,14 @@ def check(owner: str, kind: str, options=(), *, causal: bool = False,
   """One sentence for a kind, options, causality or position scheme that cannot work."""
   if kind not in DEFAULTS:
     raise ValueError(f'{owner} attention={kind!r}; allowed: {", ".join(KINDS)}.')
-  unknown = sorted(set(dict(options or ())) - set(DEFAULTS[kind]))
+  allowed = ', '.join(DEFAULTS[kind]) or 'none'
+  try:
+    given = dict(options or ())
+  except (TypeError, ValueError):
+    raise ValueError(f'{owner} attention_options={options!r} is not a mapping of option names '
+                     f'to values; attention={kind!r} takes: {allowed}.') from None
+  unknown = sorted(set(given) - set(DEFAULTS[kind]))
   if unknown:
-    allowed = ', '.join(DEFAULTS[kind]) or 'none'
     raise ValueError(f'{owner} attention_options has {unknown[0]!r}, which attention={kind!r} '
                      f'does not take; allowed: {allowed}.')
   for name, value in options_of(kind, options).items():

@@ -223,6 +223,14 @@ def test_models_without_a_cached_kind_generate_without_the_cache():
     (lambda: registry.build('vit', num_classes=3, attention='local',
                             attention_options={'block': 0}),
      'ViT attention_options.block must be a positive integer, got 0.'),
+    # A value that is not a mapping (e.g. --config.model.attention_options=64) used to stop
+    # with dict()'s own message, which names neither the option nor the value.
+    (lambda: registry.build('gpt', vocab_size=5, attention='chunked', attention_options='64'),
+     "GPT attention_options='64' is not a mapping of option names to values; "
+     "attention='chunked' takes: query_block, key_block."),
+    (lambda: registry.build('bert', vocab_size=5, attention='linear', attention_options=64),
+     "BERT attention_options=64 is not a mapping of option names to values; "
+     "attention='linear' takes: block."),
     (lambda: registry.build('gpt', vocab_size=5, attention='linformer'),
      'GPT is causal and Linformer attention cannot be'),
     (lambda: registry.build('gpt', vocab_size=5, attention='performer', positions='alibi'),
