@@ -106,6 +106,34 @@ def test_seq2seq_option_errors(options, message):
     tasks.build('seq2seq', meta, **options)
 
 
+class _NarrowLogits(nn.Module):
+  """Logits over the first 100 ids only, as a model with vocab_size=100 gives."""
+
+  @nn.compact
+  def __call__(self, tokens_BxT, source_BxS, lengths_B, *, train=False):
+    del source_BxS, lengths_B, train
+    return nn.Embed(100, 100)(jnp.minimum(tokens_BxT, 99))
+
+
+def test_a_model_with_fewer_logits_than_character_codes_is_one_sentence():
+  # 'z' (122) as a target of a 100-way output used to give a NaN loss at every step, each
+  # step skipped, and no error.
+  task = tasks.build('seq2seq', {'features': ('source', 'source_length', 'target',
+                                              'target_length')}, max_target_length=3)
+  batch = task.preprocess({'source': np.full((2, 4), ord('a'), np.uint8),
+                           'source_length': np.array([4, 4]),
+                           'target': np.full((2, 3), ord('z'), np.uint8),
+                           'target_length': np.array([3, 2])})
+  module = _NarrowLogits()
+  variables = module.init(jax.random.PRNGKey(0), batch['decoder_input'], batch['source'],
+                          batch['source_length'])
+  with pytest.raises(ValueError) as info:
+    task.loss(_bound(module, variables), jax.tree.map(jnp.asarray, batch))
+  assert str(info.value) == (
+      "The seq2seq task's tokens are character codes up to 126 (printable ASCII), but the model "
+      'gives 100 logits; set model.vocab_size to at least 127.')
+
+
 class _FixedLogits(nn.Module):
   """Returns the logits it is given as input (so a test chooses the predictions)."""
 

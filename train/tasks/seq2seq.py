@@ -25,6 +25,9 @@ from models.sequence.rnn_models import BOS_ID, EOS_ID, PAD_ID
 from train import sampling
 from train.tasks import base
 
+# Token ids 0 … 126: padding, BOS, EOS and the printable ASCII characters' codes.
+NUM_TOKEN_IDS = 127
+
 
 def encode_targets(texts_B: np.ndarray, lengths_B: np.ndarray, max_length: int):
   """ASCII byte rows (0-padded) → (decoder inputs, decoder targets, weights), each [B, max_length + 1]."""
@@ -117,6 +120,12 @@ class Seq2Seq(base.Task):
 
   def loss(self, model, batch):
     logits_BxNxV = model(*self.model_inputs(batch)).astype(jnp.float32)
+    if logits_BxNxV.shape[-1] < NUM_TOKEN_IDS:
+      # A target id past the logits would be a NaN loss at every step, each step skipped.
+      raise ValueError(f'The seq2seq task\'s tokens are character codes up to '
+                       f'{NUM_TOKEN_IDS - 1} (printable ASCII), but the model gives '
+                       f'{logits_BxNxV.shape[-1]} logits; set model.vocab_size to at least '
+                       f'{NUM_TOKEN_IDS}.')
     targets_BxN, weights_BxN = batch['target'], batch['weights']
     nll_BxN = losses.cross_entropy(logits_BxNxV, targets_BxN)
     correct_BxN = jnp.argmax(logits_BxNxV, -1) == targets_BxN
