@@ -121,6 +121,27 @@ def test_penalties_need_a_model_they_apply_to():
     assert 'Autoencoder' in message and expected in message
 
 
+def test_each_task_refuses_the_other_family_of_model():
+  # A VAE under the autoencoder task used to stop with Python's "too many values to unpack
+  # (expected 2)", and an autoencoder under the vae task with an AttributeError.
+  x = images(B)
+  vae = registry.build('vae', image_shape=SHAPE, latent_dim=3)
+  autoencoder = registry.build('autoencoder', image_shape=SHAPE, latent_dim=3)
+  rngs = {'latent': jax.random.PRNGKey(1)}
+  vae_params = jax.eval_shape(lambda: vae.init({'params': jax.random.PRNGKey(0), **rngs}, x))
+  autoencoder_params = jax.eval_shape(autoencoder.init, jax.random.PRNGKey(0), x)
+  one_sentence(lambda: jax.eval_shape(
+      lambda p: tasks.build('autoencoder').loss(_bind(vae, p, rngs), {'input': x}),
+      vae_params['params']),
+      "task.name='autoencoder' needs a model that returns (logits, code), as the autoencoder "
+      "models do, but VAE does not; a VAE trains with task.name='vae'.")
+  one_sentence(lambda: jax.eval_shape(
+      lambda p: tasks.build('vae').loss(_bind(autoencoder, p, rngs), {'input': x}),
+      autoencoder_params['params']),
+      "task.name='vae' needs a VAE model (model.name='vae'), but Autoencoder is not one; an "
+      "autoencoder trains with task.name='autoencoder'.")
+
+
 @pytest.mark.parametrize('options, expected', [
     (dict(corruption='salt'), "'salt'"),
     (dict(corruption='masking', noise_level=1.5), 'masking probability'),

@@ -46,6 +46,7 @@
 """
 
 import dataclasses
+import inspect
 import math
 
 import jax
@@ -67,6 +68,10 @@ def _check_image_key(task) -> None:
   if features is not None and task.input_key not in features:
     raise ValueError(f'task.input_key={task.input_key!r} is not a feature of the data set; its '
                      f'features are: {", ".join(sorted(features))}.')
+
+
+def _model_name(model) -> str:
+  return type(getattr(model, 'module', model)).__name__
 
 
 def _sum_per_example(x) -> jax.Array:
@@ -158,7 +163,12 @@ class Autoencoding(base.Task):
     return {**batch, 'input': noisy}
 
   def loss(self, model, batch):
-    logits, h_BxK = model(*self.model_inputs(batch))
+    out = model(*self.model_inputs(batch))
+    if isinstance(out, autoencoders.VAEOutput) or not (isinstance(out, tuple) and len(out) == 2):
+      raise ValueError(f"task.name='autoencoder' needs a model that returns (logits, code), as "
+                       f'the autoencoder models do, but {_model_name(model)} does not; a VAE '
+                       "trains with task.name='vae'.")
+    logits, h_BxK = out
     logits, h_BxK = logits.astype(jnp.float32), h_BxK.astype(jnp.float32)
     target = batch.get('target', batch['input'])
     if self.reconstruction == 'bernoulli':
@@ -247,6 +257,12 @@ class VariationalAutoencoding(base.Task):
 
   def _metrics(self, model, batch, *, num_samples: int, bounds: bool):
     x = batch['input']
+    module = getattr(model, 'module', None)  # (a test may pass a plain callable)
+    if module is not None and 'num_samples' not in inspect.signature(
+        type(module).__call__).parameters:
+      raise ValueError(f"task.name='vae' needs a VAE model (model.name='vae'), but "
+                       f'{_model_name(model)} is not one; an autoencoder trains with '
+                       "task.name='autoencoder'.")
     out = model(x, num_samples=num_samples)
     log_px_SxB = log_likelihood(out, x)
     kl_B = likelihood.kl_diag_gaussian_to_standard(out.posterior_mean, out.posterior_log_var)
