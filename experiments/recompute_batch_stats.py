@@ -54,6 +54,10 @@ def recompute(workdir: str, *, examples: int | None = None, max_passes: int | No
   # The run's data, task and model, as `train.loop` builds them, but writing nothing and
   # without the run's Checkpointer (which tidies and sets aside checkpoint folders).
   train_source, eval_source, _, task, model = loop.build_parts(config, workdir)
+  if examples is not None and examples > len(train_source):
+    raise ValueError(f'--examples={examples} exceeds the {len(train_source)} examples of the '
+                     f'run\'s training split {config.data.train_split!r}; give at most '
+                     f'{len(train_source)}.')
   model_name = config.model.name
   example = task.preprocess(pipeline.read_batch(train_source, np.zeros(1, np.int64)))
   _, model_state = jax.eval_shape(functools.partial(state_lib.init_variables, model, task,

@@ -220,6 +220,16 @@ def test_a_non_positive_option_is_one_sentence(trained_run, monkeypatch):
                                                                     examples=0)
 
 
+
+def test_more_examples_than_the_training_split_is_one_sentence(trained_run, monkeypatch):
+  # The 1,437 training images of digits: 1,438 used to be accepted and all 1,437 used, the
+  # record keeping the 1,438 asked for.
+  before = _files(trained_run)
+  assert _error(trained_run, monkeypatch, examples=1438) == (
+      "error: --examples=1438 exceeds the 1437 examples of the run's training split 'train'; "
+      'give at most 1437.')
+  assert _files(trained_run) == before
+
 @pytest.fixture(scope='module')
 def augmented_ema_run(tmp_path_factory, data_dir):
   """The tiny ResNet run with a train-time flip of every image and a parameter EMA, whose
