@@ -140,6 +140,9 @@ def parse_flags(argv: list[str], *, doc: str, needs_workdir: bool = True) -> lis
     print(_help_text(doc, full='full' in help_args[0]))
     sys.exit(0)
   ConfigFileParser.overrides = _overrides(argv)
+  repeated = _repeated_tuple_override(argv)
+  if repeated:
+    _exit_with(repeated)
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
@@ -264,6 +267,22 @@ def _overrides(argv: list[str]) -> dict[str, str]:
     if match:
       found[match.group(1)] = arg
   return found
+
+
+def _repeated_tuple_override(argv: list[str]) -> str | None:
+  """The sentence for a config key given more than once with a tuple among its values, which
+  config_flags would join into one tuple (--config.model.features=(32,10) and later =(16,10)
+  train features (32, 10, 16, 10)), else None."""
+  values = {}
+  for arg in argv[1:argv.index('--')] if '--' in argv else argv[1:]:
+    match = re.match(r'-{1,2}config\.([^=]+)=(.*)', arg, re.DOTALL)
+    if match:
+      values.setdefault(match.group(1), []).append(match.group(2))
+  for path, given in values.items():
+    if len(given) > 1 and any(isinstance(_literal(v), (tuple, list)) for v in given):
+      return (f'--config.{path} is given {len(given)} times ({", ".join(given)}), and the values '
+              f'of a tuple option given more than once are joined into one tuple; give it once.')
+  return None
 
 
 def _unknown_key(config: ml_collections.ConfigDict, path: str, arg: str) -> str | None:

@@ -132,6 +132,16 @@ def test_badly_typed_override(tmp_path):
       'error: --config.num_train_steps=abc is not a valid int: config.num_train_steps holds 2000.')
 
 
+def test_a_tuple_option_given_twice_is_refused(tmp_path):
+  # config_flags joins the values of a repeated tuple flag: this command used to train an MLP
+  # of features (32, 10, 16, 10), the earlier value not replaced but extended.
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--config.model.features=(32,10)',
+                '--config.model.features=(16, 10)') == (
+      'error: --config.model.features is given 2 times ((32,10), (16, 10)), and the values of a '
+      'tuple option given more than once are joined into one tuple; give it once.')
+  assert os.listdir(tmp_path) == []
+
+
 def test_missing_workdir_and_config(tmp_path):
   assert _error(f'--config={_DIGITS}') == (
       'error: --workdir is missing; give the directory for checkpoints, logs and metrics, e.g. '
