@@ -139,7 +139,10 @@ def main(argv):
   specs = model_specs(FLAGS.orders, FLAGS.smoothing, FLAGS.add_k, FLAGS.kn_discount)
   with tempfile.TemporaryDirectory() as temporary:
     config = data_config(FLAGS.tiny_shakespeare_dir, FLAGS.data_dir or temporary, FLAGS.window)
-    train, evaluation, meta = text.make_sources(config, FLAGS.workdir)
+    try:
+      train, evaluation, meta = text.make_sources(config, FLAGS.workdir)
+    except (ValueError, FileNotFoundError) as error:  # no input.txt, another one, too short
+      raise app.UsageError(str(error)) from None
   tokenizer, unit = meta['tokenizer'], meta['unit']
   # The checks that need the vocabulary: before any model is fitted or file written.
   check_orders(sorted({order for order, _, _ in specs}), meta['vocab_size'])

@@ -129,6 +129,25 @@ def test_a_workdir_that_is_a_file_is_refused_before_the_data_is_read(tmp_path):
   assert not (tmp_path / 'data').exists()
 
 
+def test_a_folder_without_input_txt_is_one_error_line(tmp_path):
+  # It was a FileNotFoundError traceback.
+  missing = tmp_path / 'no_such_folder'
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'results.md').write_text('an earlier table\n')
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.ngram', f'--workdir={workdir}', '--orders=1',
+       f'--tiny_shakespeare_dir={missing}', f'--data_dir={tmp_path / "data"}'],
+      cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+      timeout=120)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: Data set 'tiny_shakespeare': the folder {missing} given by source_dir lacks "
+      'input.txt; pass source_dir= to data.load or set $TINY_SHAKESPEARE_DIR to a folder holding '
+      'input.txt.')
+  assert (workdir / 'results.md').read_text() == 'an earlier table\n'
+
+
 @pytest.mark.parametrize('train_tokens, add_k', [
     ([0, 1, 1, 2, 2, 2, 0, 1, 2, 2], 1.0),
     # Add-0 without id 0 in the train stream: the padding targets (id 0) have probability 0.
