@@ -43,6 +43,11 @@ def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, to
   if task != 'language_model':
     raise ValueError(f"The run in {workdir!r} trains task {task!r}, not 'language_model'; only "
                      'a causal language model continues a prompt.')
+  if config.data.get('tokenizer') == text.DATASET_TOKENIZER:
+    raise ValueError(f'The run in {workdir!r} reads the token records of data set '
+                     f"{config.data.get('name')!r} (data.tokenizer={text.DATASET_TOKENIZER!r}), "
+                     "which have no text tokenizer to encode a prompt; only a run with "
+                     "data.tokenizer 'char' or 'byte_bpe' continues text.")
   tokenizer_path = os.path.join(os.path.abspath(workdir), text.TOKENIZER_FILE)
   if not os.path.isfile(tokenizer_path):
     raise FileNotFoundError(f'{tokenizer_path!r} does not exist: the run in {workdir!r} is not a '

@@ -163,3 +163,13 @@ def test_sampling_refuses_a_work_directory_that_is_a_file(tmp_path):
   assert _sample_error(f'--workdir={not_a_run}') == (
       f"error: '{not_a_run}' is a file, not the work directory of a run.")
   assert not_a_run.read_text() == 'not a run'
+
+
+def test_sampling_refuses_a_run_of_token_records_for_what_it_is(tmp_path):
+  # It used to say the run was "not a language model run", of a language_model run.
+  from experiments.configs import recall_gpt  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'config.json').write_text(recall_gpt.get_config().to_json())
+  assert _sample_error(f'--workdir={tmp_path}') == (
+      f"error: The run in '{tmp_path}' reads the token records of data set 'associative_recall' "
+      "(data.tokenizer='dataset'), which have no text tokenizer to encode a prompt; only a run "
+      "with data.tokenizer 'char' or 'byte_bpe' continues text.")
