@@ -188,3 +188,20 @@ def test_tagging_rejects_tags_that_do_not_align_with_the_inputs():
   with pytest.raises(ValueError, match='one tag per input step'):
     task.preprocess({'input': np.zeros((2, 5), np.int32), 'tags': np.zeros((2, 4)),
                      'length': np.array([5, 5])})
+
+
+def test_tagging_refuses_a_positive_tag_the_model_does_not_have():
+  # positive_tag=2 of a two-tag model used to report an F1 of NaN, and -2 no F1 at all.
+  task = tasks.build('tagging', positive_tag=2)
+  module = _FixedLogits()
+  batch = task.preprocess({'input': np.zeros((2, 3, 2), np.float32), 'tags': np.zeros((2, 3)),
+                           'length': np.array([3, 2])})
+  variables = module.init(jax.random.PRNGKey(0), batch['input'], batch['length'])
+  with pytest.raises(ValueError) as info:
+    task.eval_metrics(_bound(module, variables), batch)
+  assert str(info.value) == ("task.positive_tag=2 is not one of the model's 2 tags (0 to 1); give "
+                             'one of them, or -1 for no F1.')
+  with pytest.raises(ValueError) as info:
+    tasks.build('tagging', positive_tag=-2)
+  assert str(info.value) == ('task.positive_tag must be a tag (an integer >= 0) or -1 for no F1, '
+                             'got -2.')

@@ -28,6 +28,10 @@ class Tagging(base.Task):
   positive_tag: int = 1
 
   def validate(self):
+    tag = self.positive_tag
+    if not isinstance(tag, int) or isinstance(tag, bool) or tag < -1:
+      raise ValueError(f'task.positive_tag must be a tag (an integer >= 0) or -1 for no F1, got '
+                       f'{tag!r}.')
     features = self.meta.get('features')
     if features is not None:
       for option in ('input_key', 'tag_key', 'length_key'):
@@ -50,6 +54,11 @@ class Tagging(base.Task):
   def loss(self, model, batch):
     logits_BxTxK = model(*self.model_inputs(batch)).astype(jnp.float32)
     tags_BxT = batch['tags']
+    num_tags = logits_BxTxK.shape[-1]
+    if self.positive_tag >= num_tags:
+      # It could never be predicted nor match a tag the model knows: an F1 of NaN.
+      raise ValueError(f'task.positive_tag={self.positive_tag} is not one of the model\'s '
+                       f'{num_tags} tags (0 to {num_tags - 1}); give one of them, or -1 for no F1.')
     steps = tags_BxT.shape[1]
     valid_BxT = (jnp.arange(steps)[None] < batch['length'][:, None]).astype(jnp.float32)
     nll_BxT = losses.cross_entropy(logits_BxTxK, tags_BxT)
