@@ -194,3 +194,13 @@ def test_registry_refuses_an_mlp_whose_output_width_is_not_the_number_of_classes
   assert model.features == (32, 10)
   with pytest.raises(ValueError, match=r'features=\(32, 5\) ends in 5, .* the data has 10 classes'):
     registry.build('mlp', None, {'num_classes': 10}, features=[32, 5])
+
+
+@pytest.mark.parametrize('dtype', ['float16', 'half', 'float64', 'int8'])
+def test_registry_takes_float32_and_bfloat16_compute_and_refuses_other_dtypes(dtype):
+  # float16 would need loss scaling, and XLA:CPU cannot compile its products: refused up front.
+  assert registry.build('mlp', dtype='bfloat16', features=[4]).dtype == jnp.bfloat16
+  assert registry.build('mlp', dtype=jnp.float32, features=[4]).dtype == jnp.float32
+  with pytest.raises(ValueError, match=f"^config.model.dtype='{dtype}' is not a compute dtype; "
+                                       r'allowed: float32, bfloat16\.$'):
+    registry.build('mlp', dtype=dtype, features=[4])
