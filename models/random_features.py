@@ -38,7 +38,8 @@ def rbf_kernel(x_NxD: jnp.ndarray, y_MxD: jnp.ndarray, gamma: float) -> jnp.ndar
 
 
 class RandomFourierFeatures(NamedTuple):
-  """The random map z of Rahimi & Recht: frequencies ω (D_in × D) and phases b (D)."""
+  """The random map z of Rahimi & Recht: frequencies ω [D_in, F] and phases b [F], F being
+  the number D of features of the module doc."""
   omega_DxF: jnp.ndarray
   phase_F: jnp.ndarray
 
@@ -47,7 +48,7 @@ class RandomFourierFeatures(NamedTuple):
     return self.phase_F.shape[0]
 
   def __call__(self, x_NxD: jnp.ndarray) -> jnp.ndarray:
-    """z(x) = √(2/D) cos(xω + b), shape N × D."""
+    """z(x) = √(2/F) cos(xω + b) for rows x [N, D_in]: shape N × F, F = `num_features`."""
     return math.sqrt(2 / self.num_features) * jnp.cos(x_NxD @ self.omega_DxF + self.phase_F)
 
 
