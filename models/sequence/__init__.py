@@ -1,1 +1,2 @@
-"""Sequence models: autoregressive networks over a time axis."""
+"""Sequence models over a time axis: recurrent networks (classifiers, taggers, language
+models, encoder–decoders), attention over encoder states and causal convolutions."""

@@ -1,1 +1,2 @@
-"""Vision models: convolutional networks over images (batch, height, width, channels)."""
+"""Vision models: convolutional networks and the Vision Transformer over images (batch,
+height, width, channels), and a 1-D convolutional network over signals (batch, length)."""
