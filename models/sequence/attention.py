@@ -9,7 +9,7 @@ h_1 … h_S (positions where `mask` is false are padding):
 
 with the scores
   'dot'       e = s_{t−1}ᵀ h_i                          (Luong et al. 2015, "dot")
-  'additive'  e = vᵀ tanh(W s_{t−1} + U h_i)            (Bahdanau et al. 2015, eq. 6)
+  'additive'  e = vᵀ tanh(W s_{t−1} + U h_i)            (Bahdanau et al. 2015, eq. 6 and App. A.1.2)
 
 A row with no valid position gets α = 0 and c = 0, never NaN.
 """
