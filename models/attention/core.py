@@ -53,6 +53,20 @@ def combine_masks(*masks) -> jax.Array | None:
   return out
 
 
+def check_mask(mask, shape_BxNxTxS: tuple[int, int, int, int]):
+  """`mask` as a bool array that broadcasts to [B, N, T, S]; else one sentence naming its
+  shape or dtype (its shape and dtype are static, so this raises when traced)."""
+  mask = jnp.asarray(mask)
+  if mask.dtype != jnp.bool_:
+    raise ValueError(f'An attention mask must be bool (True where a query may attend), got '
+                     f'{mask.dtype}.')
+  if mask.ndim > 4 or any(m not in (1, n) for m, n in zip(mask.shape[::-1], shape_BxNxTxS[::-1])):
+    raise ValueError(f'An attention mask of shape {mask.shape} does not broadcast to [B, N, T, S] '
+                     f'= {tuple(shape_BxNxTxS)}; give valid keys as [B, 1, 1, S] (`key_mask`) or '
+                     f'a [T, S] mask.')
+  return mask
+
+
 def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, mask=None, bias=None,
                           causal: bool = False, implementation: str | None = None):
   """softmax(q kᵀ / √H + bias) v per head, through `jax.nn.dot_product_attention`.
@@ -68,6 +82,8 @@ def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, mask=None, bias=No
     return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, is_causal=True,
                                         implementation=implementation)
   num_queries, num_keys = q_BxTxNxH.shape[1], k_BxSxNxH.shape[1]
+  if mask is not None:
+    mask = check_mask(mask, (q_BxTxNxH.shape[0], q_BxTxNxH.shape[2], num_queries, num_keys))
   if causal:
     mask = combine_masks(mask, causal_mask(num_queries, num_keys)[None, None])
   if bias is not None:
@@ -94,6 +110,8 @@ def attention_weights(q_BxTxNxH, k_BxSxNxH, *, mask=None, bias=None, causal: boo
                               preferred_element_type=jnp.float32) / jnp.sqrt(q_BxTxNxH.shape[-1])
   if bias is not None:
     logits_BxNxTxS = logits_BxNxTxS + bias
+  if mask is not None:
+    mask = check_mask(mask, logits_BxNxTxS.shape)
   if causal:
     mask = combine_masks(mask, causal_mask(q_BxTxNxH.shape[1], k_BxSxNxH.shape[1])[None, None])
   if mask is None:

@@ -107,9 +107,11 @@ def _key_valid(kind: str, mask, batch: int, keys: int):
   if mask is None:
     return None
   mask = jnp.asarray(mask)
-  if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
-    raise ValueError(f'attention={kind!r} takes a mask of valid keys [B, 1, 1, S] only, got '
-                     f'shape {mask.shape}.')
+  if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != 1 or mask.shape[0] not in (1, batch) \
+      or mask.shape[3] not in (1, keys) or mask.dtype != jnp.bool_:
+    raise ValueError(f'attention={kind!r} takes a mask of valid keys [B, 1, 1, S] only, bool '
+                     f'and broadcasting to ({batch}, 1, 1, {keys}); got {mask.dtype} of shape '
+                     f'{mask.shape}.')
   return jnp.broadcast_to(mask[:, 0, 0, :], (batch, keys))
 
 

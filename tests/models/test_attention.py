@@ -405,3 +405,23 @@ def test_projection_kernels_are_lecun_normal_over_their_whole_fan_in():
     assert kernel.size == 8192
     # Standard error of the estimate ≈ 1/√(2·8192) ≈ 0.8 %.
     np.testing.assert_allclose(kernel.std(), 1 / np.sqrt(fan_in), rtol=0.05, err_msg=name)
+
+
+@pytest.mark.parametrize('mask, message', [
+    # A padding mask [B, S] as it comes from `padding_mask`, without `key_mask`'s new axes.
+    (np.ones((2, 5), bool), r'An attention mask of shape \(2, 5\) does not broadcast to '
+                            r'\[B, N, T, S\] = \(2, 2, 5, 5\); give valid keys as \[B, 1, 1, S\]'),
+    (np.ones((2, 1, 1, 4), bool), r'An attention mask of shape \(2, 1, 1, 4\) does not broadcast '
+                                  r'to \[B, N, T, S\] = \(2, 2, 5, 5\)'),
+    (np.ones((2, 1, 1, 5), np.float32), 'An attention mask must be bool .* got float32.'),
+])
+def test_a_mask_of_the_wrong_shape_or_dtype_is_one_sentence(mask, message):
+  layer = core.MultiHeadAttention(num_heads=2)
+  x = jnp.ones((2, 5, 8))
+  params = layer.init(jax.random.PRNGKey(0), x)
+  with pytest.raises(ValueError, match=message):
+    layer.apply(params, x, mask=mask)
+  q = jnp.ones((2, 5, 2, 4))
+  with pytest.raises(ValueError, match=message):
+    core.attention_weights(q, q, mask=mask)
+

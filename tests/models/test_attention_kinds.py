@@ -3,6 +3,8 @@
 attention through the whole layer, Performer's features follow the 'features' stream, and every
 combination that cannot work stops with one sentence before compilation."""
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -261,3 +263,14 @@ def test_decoding_and_general_masks_are_refused_by_kinds_that_cannot_take_them()
   query_mask = jnp.ones((2, 1, T, T), bool)
   with pytest.raises(ValueError, match=r"takes a mask of valid keys \[B, 1, 1, S\] only"):
     layer.apply({'params': params}, x, causal=True, mask=query_mask)
+
+
+@pytest.mark.parametrize('mask', [np.ones((2, 1, 1, T - 1), bool), np.ones((3, 1, 1, T), bool),
+                                  np.ones((2, 1, 1, T), np.float32)])
+def test_a_key_mask_of_the_wrong_length_batch_or_dtype_is_one_sentence(mask):
+  layer, params, x = layer_and_params(attention='linear', attention_options=(('block', 4),))
+  message = (r"attention='linear' takes a mask of valid keys \[B, 1, 1, S\] only, bool and "
+             rf"broadcasting to \(2, 1, 1, {T}\); got {mask.dtype} of shape "
+             + re.escape(str(mask.shape)) + r'\.')
+  with pytest.raises(ValueError, match=message):
+    layer.apply({'params': params}, x, causal=True, mask=mask)
