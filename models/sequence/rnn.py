@@ -142,7 +142,13 @@ class Recurrent(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxC, lengths_B=None, initial_carry=None, *, decode: bool = False):
+    if jnp.ndim(x_BxTxC) != 3:
+      raise ValueError(f'A recurrent layer reads inputs of shape [B, T, C], got shape '
+                       f'{jnp.shape(x_BxTxC)}.')
     batch, steps = x_BxTxC.shape[:2]
+    if lengths_B is not None and jnp.shape(lengths_B) != (batch,):
+      raise ValueError(f'Sequence lengths of shape {jnp.shape(lengths_B)} must be [B] = '
+                       f'({batch},), one per sequence of the batch.')
     cell = make_cell(self.cell, self.features, self.dtype)
     if initial_carry is None:
       initial_carry = cell.initialize_carry(jax.random.PRNGKey(0), (batch, x_BxTxC.shape[-1]))

@@ -6,6 +6,7 @@ Every reference runs in float64 on the float32-rounded parameters, one example a
 step at a time with column vectors, as the papers write the equations (W x, not x Wᵀ)."""
 
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -461,3 +462,20 @@ def test_gru_recurrent_kernels_start_orthogonal_like_flaxs_elman_and_lstm_cells(
   np.testing.assert_allclose(candidate.T @ candidate, np.eye(features), atol=1e-5)
   inputs = np.asarray(params['input']['kernel'])
   assert np.abs(inputs @ inputs.T - np.eye(4)).max() > 0.1
+
+
+@pytest.mark.parametrize('lengths', [np.array([3, 4, 5]), np.array(3), np.array([[3, 4]])])
+def test_lengths_that_are_not_one_per_sequence_are_one_sentence(lengths):
+  layer = rnn.RNN('gru', 4)
+  x_BxTxC = jnp.ones((2, 5, 1))
+  variables = layer.init(jax.random.PRNGKey(0), x_BxTxC)
+  message = (r'Sequence lengths of shape ' + re.escape(str(lengths.shape))
+             + r' must be \[B\] = \(2,\), one per sequence of the batch\.')
+  with pytest.raises(ValueError, match=message):
+    layer.apply(variables, x_BxTxC, lengths)
+
+
+def test_inputs_without_a_feature_axis_are_one_sentence():
+  layer = rnn.Recurrent('gru', 4)
+  with pytest.raises(ValueError, match=r'reads inputs of shape \[B, T, C\], got shape \(2, 5\)\.'):
+    layer.init(jax.random.PRNGKey(0), jnp.ones((2, 5)))
