@@ -291,6 +291,14 @@ class Seq2Seq(nn.Module):
   @nn.compact
   def __call__(self, targets_in_BxN, source, source_lengths_B=None, *, train: bool = False,
                decode: bool = False):
+    if jnp.ndim(targets_in_BxN) != 2 or jnp.ndim(source) < 1 or (
+        jnp.shape(source)[0] != jnp.shape(targets_in_BxN)[0]):
+      raise ValueError(f'Seq2Seq reads targets [B, N] and a source of the same batch B, got '
+                       f'targets of shape {jnp.shape(targets_in_BxN)} and a source of shape '
+                       f'{jnp.shape(source)}.')
+    if self.attention != 'none' and jnp.shape(source)[1:2] == (0,):
+      raise ValueError(f'Seq2Seq attention={self.attention!r} needs a source of at least one '
+                       f'step to attend over, got shape {jnp.shape(source)}.')
     states_BxSxH, mask_BxS, carries = self._encode(source, source_lengths_B, train)
     if decode:
       is_initialized = self.has_variable('cache', 'carries')

@@ -167,6 +167,9 @@ class TransformerSeq2Seq(nn.Module):
     if not jnp.issubdtype(source_BxS.dtype, jnp.integer) or source_BxS.ndim != 2:
       raise ValueError(f'TransformerSeq2Seq reads a source of token ids [batch, length], got '
                        f'{source_BxS.dtype} of shape {source_BxS.shape}.')
+    if jnp.ndim(targets_in_BxN) != 2 or jnp.shape(targets_in_BxN)[0] != source_BxS.shape[0]:
+      raise ValueError(f'TransformerSeq2Seq reads targets [batch, length] of the source\'s batch '
+                       f'{source_BxS.shape[0]}, got targets of shape {jnp.shape(targets_in_BxN)}.')
     memory_mask = None
     if source_lengths_B is not None:
       memory_mask = key_mask(padding_mask(source_lengths_B, source_BxS.shape[1]))

@@ -345,3 +345,11 @@ def test_a_tiny_model_learns_to_reverse_six_words_through_the_train_step():
   loss_total, loss_weight = metrics['totals']['loss']
   assert float(loss_total) / float(loss_weight) < 0.1
   assert exact_match(state) == 1.0
+
+
+def test_targets_of_another_batch_than_the_source_are_one_sentence():
+  model = _model()
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), TARGETS, SOURCE, LENGTHS))
+  with pytest.raises(ValueError, match=r"reads targets \[batch, length\] of the source's batch 3, "
+                                       r'got targets of shape \(2, 6\)\.'):
+    jax.eval_shape(lambda v: model.apply(v, TARGETS[:2], SOURCE, LENGTHS), variables)

@@ -371,3 +371,24 @@ def test_sizes_that_are_not_positive_integers_stop_at_construction(name, options
     registry.build(name, **options)
   assert str(error.value) == message
 
+
+
+@pytest.mark.parametrize('attention', ['none', 'additive'])
+def test_seq2seq_targets_of_another_batch_than_the_source_are_one_sentence(attention):
+  model = rnn_models.Seq2Seq(60, cell='gru', features=8, embed_dim=4, attention=attention,
+                             attention_features=4)
+  targets = SOURCE[:, :4]
+  variables = model.init(jax.random.PRNGKey(0), targets, SOURCE, LENGTHS)
+  with pytest.raises(ValueError, match=r'Seq2Seq reads targets \[B, N\] and a source of the same '
+                                       r'batch B, got targets of shape \(2, 4\) and a source of '
+                                       r'shape \(3, 9\)\.'):
+    model.apply(variables, targets[:2], SOURCE, LENGTHS)
+
+
+def test_seq2seq_attention_over_an_empty_source_is_one_sentence():
+  model = rnn_models.Seq2Seq(60, cell='gru', features=8, embed_dim=4, attention='dot')
+  targets = SOURCE[:, :4]
+  variables = model.init(jax.random.PRNGKey(0), targets, SOURCE, LENGTHS)
+  with pytest.raises(ValueError, match=r"attention='dot' needs a source of at least one step to "
+                                       r'attend over, got shape \(3, 0\)\.'):
+    model.apply(variables, targets, SOURCE[:, :0])
