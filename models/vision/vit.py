@@ -101,6 +101,15 @@ class ViT(nn.Module):
           nn.initializers.zeros, (None, None, 'embed')), (1, 1, self.features))
       x_class_Bx1xD = jnp.broadcast_to(x_class_1x1xD, (batch, 1, self.features))
       x_BxNxD = jnp.concatenate([x_class_Bx1xD.astype(self.dtype), x_BxNxD], axis=1)
+    if self.positions == 'learned' and self.has_variable('params', 'position_embed'):
+      # The learned table has one row per token of the images `init` saw.
+      table_length = nn.unbox(self.get_variable('params', 'position_embed'))['embedding'].shape[0]
+      if table_length != x_BxNxD.shape[1]:
+        cls = 1 if self.pool == 'cls' else 0
+        raise ValueError(f'ViT image size {height}×{width} gives {x_BxNxD.shape[1] - cls} patches '
+                         f'of {p}×{p}, but its learned positions were made for '
+                         f'{table_length - cls} at init; give images of the size it was '
+                         f'initialised with.')
     x_BxNxD = embed_positions(x_BxNxD, self.positions, x_BxNxD.shape[1])
     x_BxNxD = nn.Dropout(self.dropout_rate, deterministic=not train)(x_BxNxD)
     x_BxNxD = nn.with_logical_constraint(x_BxNxD, ('batch', 'length', 'embed'))

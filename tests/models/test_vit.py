@@ -350,3 +350,19 @@ def test_option_errors_are_one_sentence(options, message):
   options = {'num_classes': 10, **options}
   with pytest.raises(ValueError, match=f'^{message}$'):
     registry.build('vit', **options)
+
+
+@pytest.mark.parametrize('pool', ['cls', 'mean'])
+@pytest.mark.parametrize('height, width, patches', [(12, 12, 9), (4, 4, 1)])
+def test_images_of_another_size_than_at_init_are_one_sentence(pool, height, width, patches):
+  """The learned position table has one row per token of the images `init` saw (N = 6 here)."""
+  model = tiny(pool=pool)
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(1), images()))
+  with pytest.raises(ValueError, match=f'ViT image size {height}×{width} gives {patches} patches '
+                                       f'of 4×4, but its learned positions were made for {N} at '
+                                       'init; give images of the size it was initialised with.'):
+    jax.eval_shape(lambda v: model.apply(v, images(shape=(B, height, width, C))), variables)
+  # Unboxed parameters (as a checkpoint restores them) are read alike.
+  with pytest.raises(ValueError, match=f'gives {patches} patches'):
+    jax.eval_shape(lambda v: model.apply(nn.unbox(v), images(shape=(B, height, width, C))),
+                   variables)
