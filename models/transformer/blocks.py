@@ -132,6 +132,9 @@ class TokenEmbedding(nn.Module):
                                                                       ('vocab', 'embed')))
 
   def __call__(self, tokens_BxT):
+    if jnp.ndim(tokens_BxT) != 2 or not jnp.issubdtype(jnp.result_type(tokens_BxT), jnp.integer):
+      raise ValueError(f'A Transformer reads token ids as integers of shape [batch, length], got '
+                       f'{jnp.result_type(tokens_BxT)} of shape {jnp.shape(tokens_BxT)}.')
     return self.embed(tokens_BxT)
 
   def attend(self, x_BxTxD):

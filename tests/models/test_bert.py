@@ -188,3 +188,10 @@ def test_bert_trains_with_the_masked_language_model_task_through_the_step():
   before, after = np.mean(losses[:3]), np.mean(losses[-5:])
   assert abs(before - np.log(V + 4)) < 0.2, before
   assert after < before / 4, (before, after)
+
+
+def test_tokens_that_are_not_integers_are_one_sentence():
+  model = _bert()
+  with pytest.raises(ValueError, match='A Transformer reads token ids as integers of shape '
+                                       r'\[batch, length\], got float32 of shape \(2, 6\)\.'):
+    jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((2, 6), jnp.float32)))

@@ -290,3 +290,15 @@ def test_initial_embedding_and_output_scales():
   # 32,768 entries each: the standard error of a standard deviation is ≈ 0.4 %.
   np.testing.assert_allclose(table.std(), 0.02, rtol=0.03)
   np.testing.assert_allclose(output.std(), 1 / np.sqrt(64), rtol=0.03)
+
+
+@pytest.mark.parametrize('tokens_in, described', [
+    (np.zeros((MAX_LENGTH,), np.int32), r'int32 of shape \(8,\)'),  # one sequence, no batch axis
+    (np.zeros((2, MAX_LENGTH), np.float32), r'float32 of shape \(2, 8\)'),
+])
+def test_tokens_without_a_batch_axis_or_not_integers_are_one_sentence(tokens_in, described):
+  model = tiny_gpt()
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens(0)))
+  with pytest.raises(ValueError, match='A Transformer reads token ids as integers of shape '
+                                       r'\[batch, length\], got ' + described + r'\.'):
+    jax.eval_shape(lambda v: model.apply(v, tokens_in), variables)
