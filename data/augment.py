@@ -52,7 +52,8 @@ grayscale and saturation are the identity and hue is the identity by
 definition. Brightness, contrast and saturation scale by a factor drawn from
 [max(0, 1 - max_delta), 1 + max_delta]; hue adds a shift drawn from
 [-max_delta, max_delta] turns. Results of colour and noise transforms are
-clipped to [0, 1].
+clipped to [0, 1], so they refuse an image that is not float (uint8 pixels would
+come out as 0 and 1).
 """
 
 import dataclasses
@@ -120,6 +121,13 @@ def box_mask(height: int, width: int, top, left, box_height, box_width) -> jax.A
 # Shared colour maths.
 
 
+def _check_float(image_HxWxC: jax.Array, transform: str) -> None:
+  """Colour and noise transforms clip to [0, 1], so an integer image would come out all 0 and 1."""
+  if not jnp.issubdtype(jnp.result_type(image_HxWxC), jnp.floating):
+    raise ValueError(f'{transform} needs a float image with values in [0, 1], got '
+                     f'{jnp.result_type(image_HxWxC)}; convert it first (e.g. image / 255).')
+
+
 def _colour_channels(image_HxWxC: jax.Array) -> int:
   channels = image_HxWxC.shape[-1]
   if channels not in (1, 3):
@@ -129,6 +137,7 @@ def _colour_channels(image_HxWxC: jax.Array) -> int:
 
 def luma(image_HxWxC: jax.Array) -> jax.Array:
   """BT.601 luma of shape (H, W, 1); a 1-channel image is its own luma."""
+  _check_float(image_HxWxC, 'luma')
   if _colour_channels(image_HxWxC) == 1:
     return image_HxWxC
   return image_HxWxC @ jnp.asarray(LUMA_WEIGHTS, image_HxWxC.dtype)[:, None]
@@ -172,23 +181,27 @@ def hsv_to_rgb(hsv_HxWx3: jax.Array) -> jax.Array:
 
 def adjust_brightness(image_HxWxC: jax.Array, factor) -> jax.Array:
   """Brightness: every value times `factor`."""
+  _check_float(image_HxWxC, 'adjust_brightness')
   return jnp.clip(image_HxWxC * factor, 0, 1)
 
 
 def adjust_contrast(image_HxWxC: jax.Array, factor) -> jax.Array:
   """Contrast: distances from the mean luma times `factor`."""
+  _check_float(image_HxWxC, 'adjust_contrast')
   mean = jnp.mean(luma(image_HxWxC))
   return jnp.clip(mean + factor * (image_HxWxC - mean), 0, 1)
 
 
 def adjust_saturation(image_HxWxC: jax.Array, factor) -> jax.Array:
   """Saturation: distances from each pixel's luma times `factor`."""
+  _check_float(image_HxWxC, 'adjust_saturation')
   gray = luma(image_HxWxC)
   return jnp.clip(gray + factor * (image_HxWxC - gray), 0, 1)
 
 
 def adjust_hue(image_HxWxC: jax.Array, delta) -> jax.Array:
   """Hue: turns the HSV hue by `delta` turns; identity on 1 channel."""
+  _check_float(image_HxWxC, 'adjust_hue')
   if _colour_channels(image_HxWxC) == 1:
     return image_HxWxC
   hsv = rgb_to_hsv(image_HxWxC)
@@ -198,6 +211,7 @@ def adjust_hue(image_HxWxC: jax.Array, delta) -> jax.Array:
 
 def to_grayscale(image_HxWxC: jax.Array) -> jax.Array:
   """Grayscale: every channel set to the luma, so C is kept."""
+  _check_float(image_HxWxC, 'to_grayscale')
   return jnp.broadcast_to(luma(image_HxWxC), image_HxWxC.shape)
 
 
@@ -332,12 +346,14 @@ def grayscale(key, image_HxWxC):
 
 def gaussian_noise(key, image_HxWxC, std=0.05):
   """Adds independent N(0, std²) noise to every value."""
+  _check_float(image_HxWxC, 'gaussian_noise')
   noise = std * jax.random.normal(key, image_HxWxC.shape, image_HxWxC.dtype)
   return jnp.clip(image_HxWxC + noise, 0, 1)
 
 
 def salt_and_pepper(key, image_HxWxC, amount=0.05, salt_fraction=0.5):
   """Sets each pixel (all channels) with probability `amount` to 1 (salt) or 0 (pepper)."""
+  _check_float(image_HxWxC, 'salt_and_pepper')
   hit_key, salt_key = jax.random.split(key)
   shape_HxWx1 = image_HxWxC.shape[:2] + (1,)
   hit = jax.random.bernoulli(hit_key, amount, shape_HxWx1)
@@ -379,6 +395,7 @@ def random_erasing(key, image_HxWxC, area=(0.02, 0.33), aspect=(0.3, 3.3), fill=
   log-uniform in `aspect`; sides are rounded and clipped to the image. `fill`
   is 'random' (uniform noise texture) or one value (a flat colour).
   """
+  _check_float(image_HxWxC, 'random_erasing')
   height, width, _ = image_HxWxC.shape
   area_key, aspect_key, top_key, left_key, fill_key = jax.random.split(key, 5)
   box_area = _uniform(area_key, *area) * height * width

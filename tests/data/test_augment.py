@@ -829,3 +829,26 @@ def test_specs_at_the_edge_of_their_ranges_are_accepted(spec):
 def test_out_of_range_parameters_are_refused(spec, message):
   with pytest.raises(ValueError, match=message):
     augment.build_augmentation(spec)
+
+
+@pytest.mark.parametrize('name, function', [
+    ('adjust_brightness', 'brightness'), ('adjust_contrast', 'contrast'),
+    ('adjust_saturation', 'saturation'), ('adjust_hue', 'hue'),
+    ('adjust_brightness', 'color_jitter'), ('to_grayscale', 'grayscale'),
+    ('gaussian_noise', 'gaussian_noise'), ('salt_and_pepper', 'salt_and_pepper'),
+    ('random_erasing', 'random_erasing')])
+def test_colour_and_noise_transforms_refuse_integer_images(name, function):
+  # They clip to [0, 1]: uint8 pixels came out as 0 and 1 (brightness, contrast), all 0
+  # (grayscale's weights cast to uint8) or raised deep inside jax.random.
+  image_u8 = np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3) * 5
+  with pytest.raises(ValueError, match=f'{name} needs a float image with values in '
+                                       r'\[0, 1\], got uint8; convert it first'):
+    getattr(augment, function)(jax.random.PRNGKey(0), image_u8)
+  out = getattr(augment, function)(jax.random.PRNGKey(0), image_u8 / np.float32(255))
+  assert out.dtype == jnp.float32 and out.shape == (4, 4, 3)
+
+
+def test_geometric_transforms_keep_integer_images():
+  image_u8 = np.arange(6 * 6, dtype=np.uint8).reshape(6, 6, 1) * 7
+  out = augment.random_crop(jax.random.PRNGKey(0), image_u8, padding=0)
+  np.testing.assert_array_equal(out, image_u8)
