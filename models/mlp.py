@@ -62,6 +62,7 @@ class MLP(nn.Module):
     else:
       phi = lambda z: z.reshape(*z.shape[:-1], -1, pieces).max(axis=-1)
     x = x_BxD.reshape(x_BxD.shape[0], -1)
+    layers.check_input_width(self, 'Dense_0', x.shape[-1], 'MLP', 'features (after flattening)')
     for width in self.features[:-1]:
       # The submodules are created here, in the MLP's scope, so that wrapping
       # the layer in a Residual does not move their parameters.

@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models import layers
 from models.attention import positions as positions_lib
 from models.attention.core import MultiHeadAttention
 
@@ -187,6 +188,7 @@ class UNet(nn.Module):
   @nn.compact
   def __call__(self, x_BxHxWxC, t_B, *, train: bool = False):
     self._check_inputs(x_BxHxWxC, t_B)
+    layers.check_input_width(self, 'conv_in', x_BxHxWxC.shape[-1], 'UNet')
     dtype, groups = self.dtype, self.num_groups
     levels = len(self.channel_mults)
 

@@ -6,6 +6,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models import layers
 from models.vision import pooling
 
 # Channels of conv1 … conv5: the single-tower widths of Krizhevsky 2014 ("One weird
@@ -61,6 +62,7 @@ class AlexNet(nn.Module):
     conv = lambda features, size: nn.Conv(self._width(features), (size, size), padding='SAME',
                                           dtype=self.dtype, param_dtype=jnp.float32)
     pool = lambda h: pooling.max_pool(h, (3, 3), strides=(2, 2), padding='SAME')
+    layers.check_input_width(self, 'Conv_0', x_BxHxWxC.shape[-1], 'AlexNet')
     h = pool(nn.relu(conv(CONV_FEATURES[0], 3)(x_BxHxWxC)))
     h = pool(nn.relu(conv(CONV_FEATURES[1], 5)(h)))
     for features in CONV_FEATURES[2:]:

@@ -6,6 +6,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models import layers
 from models.vision import pooling
 
 ACTIVATIONS = {'tanh': jnp.tanh, 'relu': nn.relu}
@@ -62,6 +63,7 @@ class LeNet5(nn.Module):
     if x_BxHxWxC.shape[1:3] != (32, 32):
       raise ValueError(f'LeNet5 needs 32×32 images after padding by {p}, got '
                        f'{x_BxHxWxC.shape[1]}×{x_BxHxWxC.shape[2]}; set padding=2 for 28×28 images.')
+    layers.check_input_width(self, 'Conv_0', x_BxHxWxC.shape[-1], 'LeNet5')
     phi = ACTIVATIONS[self.activation]
     conv = lambda features: nn.Conv(features, (5, 5), padding='VALID', dtype=self.dtype,
                                     param_dtype=jnp.float32)

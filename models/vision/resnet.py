@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models import layers
 from models.vision import pooling
 
 BLOCKS = ('basic', 'bottleneck')
@@ -143,6 +144,7 @@ class ResNet(nn.Module):
   @nn.compact
   def __call__(self, x_BxHxWxC: jnp.ndarray, *, train: bool = False) -> jnp.ndarray:
     size, strides = (3, 1) if self.small_input_stem else (7, 2)
+    layers.check_input_width(self, 'stem_conv', x_BxHxWxC.shape[-1], type(self).__name__)
     h = nn.Conv(self.stem_width, (size, size), strides=(strides, strides), padding=[(size // 2, size // 2)] * 2,
                 use_bias=False, kernel_init=_HE_NORMAL, dtype=self.dtype, param_dtype=jnp.float32,
                 name='stem_conv')(x_BxHxWxC)

@@ -22,6 +22,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models import layers
 from models.attention import kinds
 from models.attention.core import IN_ATTENTION
 from models.transformer.blocks import TransformerBlock, layer_norm
@@ -88,6 +89,7 @@ class ViT(nn.Module):
     if height % p or width % p:
       raise ValueError(f'ViT image size {height}×{width} is not divisible by patch_size={p}; '
                        f'use a patch size that divides both sides or resize the images.')
+    layers.check_input_width(self, 'patch_embed', images_BxHxWxC.shape[-1], 'ViT')
     patches_BxhxwxD = nn.Conv(
         self.features, (p, p), strides=(p, p), padding='VALID', use_bias=self.use_bias,
         dtype=self.dtype, param_dtype=jnp.float32,

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from models import layers
+from models import registry
 from tests import subprocess_util
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -264,3 +265,36 @@ def test_cross_device_batch_norm_equals_full_batch_batch_norm():
   assert result['out_mlp'] < 1e-5 and result['stats_mlp'] < 1e-5, result
   # Without the axis name every device normalises its own 4 examples.
   assert result['out_local'] > 1e-2, result
+
+
+@pytest.mark.parametrize('name, options, init_shape, wrong_shape, expected', [
+    ('lenet5', {}, (1, 32, 32, 1), (1, 32, 32, 3),
+     'LeNet5 was initialised on inputs of 1 channels, got inputs of 3'),
+    ('alexnet', {}, (1, 28, 28, 1), (1, 28, 28, 3),
+     'AlexNet was initialised on inputs of 1 channels, got inputs of 3'),
+    ('resnet20', {}, (1, 8, 8, 3), (1, 8, 8, 1),
+     'ResNet20 was initialised on inputs of 3 channels, got inputs of 1'),
+    ('vit', {'patch_size': 4, 'num_layers': 1, 'features': 8, 'num_heads': 2}, (1, 8, 8, 1),
+     (1, 8, 8, 3), 'ViT was initialised on inputs of 1 channels, got inputs of 3'),
+    ('mlp', {'features': (8, 10)}, (1, 8, 8, 1), (1, 8, 8, 3),
+     r'MLP was initialised on inputs of 64 features \(after flattening\), got inputs of 192'),
+])
+def test_inputs_of_another_width_than_at_init_are_one_sentence(name, options, init_shape,
+                                                                 wrong_shape, expected):
+  # Flax used to stop on the first kernel's shape (ScopeParamShapeError), naming a layer.
+  options = options if name == 'mlp' else {'num_classes': 10, **options}
+  model = registry.build(name, **options)
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(init_shape)))
+  with pytest.raises(ValueError, match=expected + '; give it inputs like those of init.'):
+    jax.eval_shape(lambda v: model.apply(v, jnp.zeros(wrong_shape)), variables)
+  assert jax.eval_shape(lambda v: model.apply(v, jnp.zeros(init_shape)), variables).shape == (1, 10)
+
+
+def test_a_unet_given_another_channel_count_than_at_init_is_one_sentence():
+  model = registry.build('unet', channels=8, channel_mults=(1, 2), attention_resolutions=(),
+                         num_groups=4)
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)),
+                                                jnp.zeros((1,))))
+  with pytest.raises(ValueError, match='UNet was initialised on inputs of 1 channels, got inputs '
+                                       'of 3; give it inputs like those of init.'):
+    jax.eval_shape(lambda v: model.apply(v, jnp.zeros((1, 8, 8, 3)), jnp.zeros((1,))), variables)
