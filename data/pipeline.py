@@ -17,6 +17,7 @@ Python work is nil.
 """
 
 import functools
+import numbers
 import sys
 from typing import Callable
 
@@ -59,7 +60,12 @@ class InMemorySource:
     return {key: value[indices] for key, value in self.arrays.items()}
 
 
-def _check_batch(global_batch_size: int, process_count: int) -> int:
+def _check_batch(global_batch_size: int, process_count: int, process_index: int) -> int:
+  if not isinstance(process_count, numbers.Integral) or process_count < 1:
+    raise ValueError(f'The process count must be a positive integer, got {process_count!r}.')
+  if not isinstance(process_index, numbers.Integral) or not 0 <= process_index < process_count:
+    raise ValueError(f'The process index {process_index!r} must be an integer in '
+                     f'[0, {process_count}), the process count.')
   if global_batch_size <= 0 or global_batch_size % process_count:
     raise ValueError(f'The global batch size {global_batch_size} must be a positive multiple '
                      f'of the process count {process_count}.')
@@ -74,8 +80,11 @@ def train_iterator(source, *, global_batch_size: int, seed: int,
 
   `preprocess` maps a batch (dict of stacked arrays) to the model's batch.
   """
-  _check_batch(global_batch_size, process_count)
+  _check_batch(global_batch_size, process_count, process_index)
   size = len(source)
+  if size == 0:
+    raise ValueError('The training source holds no examples; it needs at least one to draw '
+                     'batches from.')
 
   @functools.lru_cache(maxsize=4)
   def permutation(epoch: int) -> np.ndarray:
@@ -104,7 +113,7 @@ def eval_batches(source, *, global_batch_size: int, preprocess: Callable[[dict],
   Every batch has the full size so the eval step compiles once; metrics weight
   each example by its `mask`.
   """
-  local_batch_size = _check_batch(global_batch_size, process_count)
+  local_batch_size = _check_batch(global_batch_size, process_count, process_index)
   size = len(source)
   padded = -(-size // global_batch_size) * global_batch_size
 

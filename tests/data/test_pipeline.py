@@ -142,3 +142,24 @@ def test_in_memory_source_reads_across_chunk_boundaries(monkeypatch):
   assert len(memory) == 30
   np.testing.assert_array_equal(memory.arrays['x'], np.arange(30))
   np.testing.assert_array_equal(memory.arrays['label'], np.arange(30) % 3)
+
+
+@pytest.mark.parametrize('process_index', [2, -1])
+def test_a_process_index_outside_the_process_count_is_refused(process_index):
+  # Process 2 of 2 used to read a batch of 1 record instead of 2 (positions 2, 4, … of a
+  # global batch of 4 stop at 3), and the evaluation batches of another slice of the split.
+  message = (rf'The process index {process_index} must be an integer in \[0, 2\), the process '
+             r'count\.')
+  with pytest.raises(ValueError, match=message):
+    pipeline.train_iterator(_source(), global_batch_size=4, seed=0, preprocess=_preprocess,
+                            process_index=process_index, process_count=2)
+  with pytest.raises(ValueError, match=message):
+    pipeline.eval_batches(_source(), global_batch_size=4, preprocess=_preprocess,
+                          process_index=process_index, process_count=2)
+
+
+def test_an_empty_training_source_is_refused_when_the_iterator_is_made():
+  # It used to divide by zero and fail at the first batch with an IndexError inside grain.
+  with pytest.raises(ValueError, match='The training source holds no examples; it needs at '
+                                       'least one to draw batches from.'):
+    pipeline.train_iterator([], global_batch_size=4, seed=0, preprocess=_preprocess)
