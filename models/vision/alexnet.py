@@ -62,6 +62,8 @@ class AlexNet(nn.Module):
     conv = lambda features, size: nn.Conv(self._width(features), (size, size), padding='SAME',
                                           dtype=self.dtype, param_dtype=jnp.float32)
     pool = lambda h: pooling.max_pool(h, (3, 3), strides=(2, 2), padding='SAME')
+    if x_BxHxWxC.ndim != 4:
+      raise ValueError(f'AlexNet needs images of shape (B, H, W, C), got shape {x_BxHxWxC.shape}.')
     layers.check_input_width(self, 'Conv_0', x_BxHxWxC.shape[-1], 'AlexNet')
     h = pool(nn.relu(conv(CONV_FEATURES[0], 3)(x_BxHxWxC)))
     h = pool(nn.relu(conv(CONV_FEATURES[1], 5)(h)))

@@ -65,6 +65,9 @@ class CNN1D(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxT: jnp.ndarray, *, train: bool = False) -> jnp.ndarray:
+    if x_BxT.ndim not in (2, 3):
+      raise ValueError(f'CNN1D needs sequences of shape (B, T) or (B, T, C), got shape '
+                       f'{x_BxT.shape}.')
     h_BxTxC = x_BxT.reshape(x_BxT.shape[0], -1, 1) if x_BxT.ndim == 2 else x_BxT
     for features, kernel, stride in zip(self.channels, self.kernel_sizes, self.strides):
       h_BxTxC = nn.Conv(features, (kernel,), strides=(stride,), padding=((self.padding, self.padding),),

@@ -58,6 +58,8 @@ class LeNet5(nn.Module):
   @nn.compact
   def __call__(self, x_BxHxWxC: jnp.ndarray, *, train: bool = False) -> jnp.ndarray:
     del train  # No dropout or batch statistics.
+    if x_BxHxWxC.ndim != 4:
+      raise ValueError(f'LeNet5 needs images of shape (B, H, W, C), got shape {x_BxHxWxC.shape}.')
     p = self.padding
     x_BxHxWxC = jnp.pad(x_BxHxWxC, ((0, 0), (p, p), (p, p), (0, 0)))
     if x_BxHxWxC.shape[1:3] != (32, 32):

@@ -143,6 +143,9 @@ class ResNet(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxHxWxC: jnp.ndarray, *, train: bool = False) -> jnp.ndarray:
+    if x_BxHxWxC.ndim != 4:
+      raise ValueError(f'{type(self).__name__} needs images of shape (B, H, W, C), got shape '
+                       f'{x_BxHxWxC.shape}.')
     size, strides = (3, 1) if self.small_input_stem else (7, 2)
     layers.check_input_width(self, 'stem_conv', x_BxHxWxC.shape[-1], type(self).__name__)
     h = nn.Conv(self.stem_width, (size, size), strides=(strides, strides), padding=[(size // 2, size // 2)] * 2,

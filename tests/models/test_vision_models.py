@@ -503,3 +503,21 @@ def test_every_batch_norm_keeps_nine_tenths_of_its_running_statistics():
                             update(0.0, 1.0))
   for path, leaf in jax.tree_util.tree_leaves_with_path(difference):
     np.testing.assert_allclose(leaf, 0.9, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize('name, options, shape, expected', [
+    ('lenet5', {'padding': 2}, (28, 28, 1), r'LeNet5 needs images of shape \(B, H, W, C\), got '
+                                            r'shape \(28, 28, 1\)\.'),
+    ('alexnet', {}, (28, 28, 1), r'AlexNet needs images of shape \(B, H, W, C\), got shape '
+                                 r'\(28, 28, 1\)\.'),
+    ('resnet20', {}, (8, 8, 1), r'ResNet20 needs images of shape \(B, H, W, C\), got shape '
+                                r'\(8, 8, 1\)\.'),
+    ('cnn1d', {}, (40,), r'CNN1D needs sequences of shape \(B, T\) or \(B, T, C\), got shape '
+                         r'\(40,\)\.'),
+])
+def test_one_example_without_a_batch_axis_is_one_sentence(name, options, shape, expected):
+  # Flax convolutions take unbatched inputs, so these used to fail further on (jnp.pad's
+  # pad_width, a reshape, global_avg_pool naming a (2, 2, 64) feature map, conv dimensions).
+  model = registry.build(name, num_classes=10, **options)
+  with pytest.raises(ValueError, match=expected):
+    jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(shape)))
