@@ -124,6 +124,9 @@ def generate(model, variables, prompt_BxP, key, *, num_new_tokens, temperature=1
   prompt_BxP = jnp.asarray(prompt_BxP)
   if prompt_BxP.ndim != 2 or prompt_BxP.shape[1] < 1:
     raise ValueError(f'prompt must have shape [batch, length >= 1], got {prompt_BxP.shape}.')
+  if not jnp.issubdtype(prompt_BxP.dtype, jnp.integer):
+    raise ValueError(f'prompt must hold integer token ids, got {prompt_BxP.dtype}.')
+  check_prompt_ids(model, prompt_BxP)
   tokens_BxL, logits_BxNxV = _generate(
       model, variables, prompt_BxP.astype(jnp.int32), key, num_new_tokens=int(num_new_tokens),
       sampling=(temperature, top_k, top_p), use_cache=use_cache, return_logits=return_logits,
@@ -182,6 +185,22 @@ def _generate(model, variables, prompt_BxP, key, *, num_new_tokens, sampling, us
     logits_NxBxV = None if logits_SxBxV is None else logits_SxBxV[prompt_length - 1:]
   logits_BxNxV = None if logits_NxBxV is None else logits_NxBxV.transpose(1, 0, 2)
   return tokens_BxL, logits_BxNxV
+
+
+def check_prompt_ids(model, prompt_BxP) -> None:
+  """One sentence for a prompt id outside [0, V) of a model with a `vocab_size` V: the
+  embedding lookup would give NaN logits (an id ≥ V) or another token's row (a negative id)
+  instead of failing. A traced prompt (generate called inside jit) cannot be read here."""
+  vocab_size = getattr(model, 'vocab_size', None)
+  if (not isinstance(vocab_size, numbers.Integral) or isinstance(prompt_BxP, jax.core.Tracer)
+      or prompt_BxP.size == 0):
+    return
+  ids = np.asarray(prompt_BxP)
+  outside = (ids < 0) | (ids >= vocab_size)
+  if outside.any():
+    row, column = np.argwhere(outside)[0]
+    raise ValueError(f'Prompt token {int(ids[row, column])} (row {row}, position {column}) is '
+                     f'not an id in [0, {vocab_size}) of the model\'s vocabulary.')
 
 
 def model_context(model) -> int | None:

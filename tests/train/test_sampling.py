@@ -287,6 +287,29 @@ def test_invalid_generate_arguments_raise(num_new_tokens, prompt_length, match):
                       num_new_tokens=num_new_tokens)
 
 
+@pytest.mark.parametrize('bad, where', [(11, '(row 1, position 2)'), (-1, '(row 1, position 2)')])
+def test_a_prompt_id_outside_the_vocabulary_is_one_sentence(bad, where):
+  # An id of V gave NaN logits, so every new token came out 0; -1 read another token's row.
+  model, variables = _tiny_lm()
+  prompt = _prompt(4)
+  prompt[1, 2] = bad
+  with pytest.raises(ValueError, match=rf'Prompt token {bad} \(row 1, position 2\) is not an id '
+                                       r"in \[0, 11\) of the model's vocabulary\."):
+    sampling.generate(model, variables, prompt, jax.random.PRNGKey(0), num_new_tokens=2)
+  # Ids inside the vocabulary at both ends are taken.
+  prompt[1, 2], prompt[0, 0] = 10, 0
+  assert sampling.generate(model, variables, prompt, jax.random.PRNGKey(0),
+                           num_new_tokens=2).shape == (3, 6)
+
+
+def test_a_prompt_of_floats_is_one_sentence():
+  # 1.5 used to be read as token 1.
+  model, variables = _tiny_lm()
+  with pytest.raises(ValueError, match='prompt must hold integer token ids, got float32.'):
+    sampling.generate(model, variables, _prompt(3).astype(np.float32) + 0.5,
+                      jax.random.PRNGKey(0), num_new_tokens=2)
+
+
 class _ListAttributeLM(TinyCausalLM):
   widths: list | None = None
 
