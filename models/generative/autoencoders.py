@@ -15,6 +15,7 @@ the 'vae' task from the distributions the module returns.
 """
 
 import math
+import numbers
 from typing import Any, NamedTuple, Sequence
 
 import flax.linen as nn
@@ -45,6 +46,12 @@ def _check_input(name: str, module, x) -> None:
   if tuple(x.shape[1:]) != tuple(module.image_shape):
     raise ValueError(f'{name} image_shape={tuple(module.image_shape)} does not match inputs of '
                      f'shape {tuple(x.shape)}; set model.image_shape={tuple(x.shape[1:])}.')
+
+
+def _check_code(name: str, module, z) -> None:
+  if jnp.ndim(z) < 1 or jnp.shape(z)[-1] != module.latent_dim:
+    raise ValueError(f'{name} decodes codes [..., latent_dim] = [..., {module.latent_dim}], got '
+                     f'shape {jnp.shape(z)}.')
 
 
 def _flatten(x) -> jax.Array:
@@ -104,6 +111,7 @@ class Autoencoder(nn.Module):
   def decode(self, h_BxK, *, train: bool = False) -> jax.Array:
     """Per-pixel logits [B, *image_shape] of the reconstruction σ(logits) of codes h [B, K]."""
     del train
+    _check_code(type(self).__name__, self, h_BxK)
     phi = activations.get(self.activation)
     y = h_BxK
     for layer in self.decoder[:-1]:
@@ -232,6 +240,7 @@ class VAE(nn.Module):
     """(mean, log σ²) of p(x|z) for z [..., K]: Bernoulli logits and None, or the Gaussian
     mean in [0, 1] and its log-variance, each [..., *image_shape] float32."""
     del train
+    _check_code('VAE', self, z_xK)
     phi = activations.get(self.activation)
     y = z_xK
     for layer in self.decoder_layers[:-1]:
@@ -256,6 +265,8 @@ class VAE(nn.Module):
              train: bool = False) -> jax.Array:
     """`num` images [num, *image_shape] in [0, 1] from the model: z ~ p(z), then the mean of
     p(x|z) (`mean`), or a draw x ~ p(x|z) (Bernoulli: binary; Gaussian: not clipped)."""
+    if not isinstance(num, numbers.Integral) or isinstance(num, bool) or num < 0:
+      raise ValueError(f'VAE sample num must be an integer >= 0, got {num!r}.')
     z_key, x_key = jax.random.split(rng)
     z_NxK = jax.random.normal(z_key, (num, self.latent_dim))
     out, log_var = self.decode(z_NxK, train=train)

@@ -322,3 +322,25 @@ def test_decoders_mirror_the_encoders_hidden_widths():
                      'posterior_mean': (3, 2), 'posterior_log_var': (3, 2),
                      'decoder_layers_0': (2, 3), 'decoder_layers_1': (3, 5),
                      'decoder_layers_2': (5, 12)}
+
+
+@pytest.mark.parametrize('name', ['autoencoder', 'vae'])
+def test_decoding_codes_of_another_width_than_latent_dim_is_one_sentence(name):
+  # Flax used to stop on the decoder's first kernel (ScopeParamShapeError).
+  model = registry.build(name, image_shape=SHAPE, latent_dim=2, hidden_sizes=(6,))
+  variables = jax.eval_shape(model.init, _RNGS, images())
+  owner = 'VAE' if name == 'vae' else 'Autoencoder'
+  with pytest.raises(ValueError, match=rf'{owner} decodes codes \[\.\.\., latent_dim\] = '
+                                       r'\[\.\.\., 2\], got shape \(3, 5\)\.'):
+    jax.eval_shape(lambda v: model.apply(v, jnp.zeros((3, 5)), method=model.decode), variables)
+  out = jax.eval_shape(lambda v: model.apply(v, jnp.zeros((3, 2)), method=model.decode), variables)
+  assert jax.tree.leaves(out)[0].shape == (3,) + SHAPE
+
+
+def test_vae_sample_of_a_negative_count_is_one_sentence():
+  # It used to stop in MLIR ('invalid tensor dimension size').
+  model = _vae()
+  variables = jax.eval_shape(model.init, _RNGS, images())
+  with pytest.raises(ValueError, match=r'VAE sample num must be an integer >= 0, got -1\.'):
+    jax.eval_shape(lambda v: model.apply(v, -1, jax.random.PRNGKey(0), method=model.sample),
+                   variables)
