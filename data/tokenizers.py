@@ -291,11 +291,19 @@ def load(path) -> 'CharTokenizer | ByteBPETokenizer':
 # Tokenizers.
 
 
+def _check_text(text, what: str) -> None:
+  """One sentence for text that is not a str, e.g. the UTF-8 bytes `data.load` returns."""
+  if not isinstance(text, str):
+    hint = (" (data sets return text as UTF-8 bytes: decode it with .decode('utf-8'))"
+            if isinstance(text, (bytes, bytearray)) else '')
+    raise TypeError(f'{what} takes text as a str, got {type(text).__name__}{hint}.')
+
+
 def _check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
   """`ids` as Python ints; any integer type (Python's or NumPy's, e.g. a row of an id array)."""
   ids = list(ids)
   for position, token in enumerate(ids):
-    integral = isinstance(token, numbers.Integral)
+    integral = isinstance(token, numbers.Integral) and not isinstance(token, bool)
     if not integral or not 0 <= token < vocab_size:
       shown = int(token) if integral else repr(token)
       raise ValueError(f'Token {shown} at position {position} is not an id in [0, {vocab_size}).')
@@ -317,6 +325,7 @@ class CharTokenizer:
 
   @classmethod
   def from_corpus(cls, text: str) -> 'CharTokenizer':
+    _check_text(text, 'CharTokenizer.from_corpus')
     return cls(sorted(set(text)), text_sha256(text))
 
   @property
@@ -324,6 +333,7 @@ class CharTokenizer:
     return len(self.vocab)
 
   def encode(self, text: str) -> list[int]:
+    _check_text(text, 'CharTokenizer.encode')
     try:
       return [self._ids[character] for character in text]
     except KeyError as error:
@@ -386,6 +396,9 @@ class ByteBPETokenizer:
   @classmethod
   def train(cls, text: str, vocab_size: int, pattern: str = GPT2_PATTERN) -> 'ByteBPETokenizer':
     """Learns merges on `text` until the vocabulary has `vocab_size` tokens (or no pair is left)."""
+    _check_text(text, 'ByteBPETokenizer.train')
+    if not isinstance(vocab_size, numbers.Integral) or isinstance(vocab_size, bool):
+      raise ValueError(f'vocab_size must be an integer of at least 256, got {vocab_size!r}.')
     alphabet = byte_to_unicode()
     word_counts = collections.Counter(pretokenize(compile_pattern(pattern), text))
     symbol_counts = collections.Counter()
@@ -419,6 +432,7 @@ class ByteBPETokenizer:
     return word
 
   def encode(self, text: str) -> list[int]:
+    _check_text(text, 'ByteBPETokenizer.encode')
     ids = []
     for piece in pretokenize(self._regex, text):
       piece_ids = self._cache.get(piece)

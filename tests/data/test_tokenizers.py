@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import random
+import re
 
 import hypothesis
 from hypothesis import strategies as st
@@ -377,3 +378,34 @@ def test_loading_the_wrong_kind_or_non_utf8_names_the_file(tmp_path):
   binary.write_bytes(b'\xff\xfe\x00garbage')
   with pytest.raises(ValueError, match=f'{binary}.* not UTF-8 JSON'):
     tokenizers.load(binary)
+
+
+@pytest.mark.parametrize('call, what', [
+    (lambda text: tokenizers.CharTokenizer.from_corpus(text), 'CharTokenizer.from_corpus'),
+    (lambda text: tokenizers.CharTokenizer.from_corpus('abc').encode(text), 'CharTokenizer.encode'),
+    (lambda text: tokenizers.ByteBPETokenizer.train(text, vocab_size=258),
+     'ByteBPETokenizer.train'),
+    (lambda text: tokenizers.ByteBPETokenizer.train('abc', vocab_size=256).encode(text),
+     'ByteBPETokenizer.encode'),
+])
+def test_text_as_bytes_is_one_sentence(call, what):
+  # data.load returns text as UTF-8 bytes; given them, CharTokenizer.encode used to report
+  # "Character 97 ... is not in the vocabulary", from_corpus an AttributeError, and BPE
+  # "cannot use a string pattern on a bytes-like object".
+  with pytest.raises(TypeError, match=re.escape(
+      f"{what} takes text as a str, got bytes (data sets return text as UTF-8 bytes: decode it "
+      "with .decode('utf-8')).")):
+    call(b'abc abc')
+
+
+@pytest.mark.parametrize('vocab_size', [300.0, True])
+def test_a_vocab_size_that_is_not_an_integer_is_one_sentence(vocab_size):
+  # 300.0 used to train a tokenizer as if it were 300.
+  with pytest.raises(ValueError, match=re.escape(
+      f'vocab_size must be an integer of at least 256, got {vocab_size!r}.')):
+    tokenizers.ByteBPETokenizer.train('abc abc', vocab_size=vocab_size)
+
+
+def test_a_bool_is_not_a_token_id():
+  with pytest.raises(ValueError, match=r'Token True at position 1 is not an id in \[0, 3\)\.'):
+    tokenizers.CharTokenizer.from_corpus('abc').decode([0, True])
