@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models import layers
 from models.generative.unet import sinusoidal_embedding
 
 
@@ -53,6 +54,10 @@ class TimeMLP(nn.Module):
     del train
     if x_BxD.ndim != 2:
       raise ValueError(f'TimeMLP takes points [B, D], got shape {tuple(x_BxD.shape)}.')
+    if jnp.shape(t_B) not in ((), x_BxD.shape[:1]):
+      raise ValueError(f'TimeMLP times of shape {jnp.shape(t_B)} must be one time () or one per '
+                       f'point [B] = ({x_BxD.shape[0]},).')
+    layers.check_input_width(self, 'Dense_0', x_BxD.shape[-1], 'TimeMLP', 'features')
     t_B = jnp.broadcast_to(jnp.asarray(t_B, jnp.float32), x_BxD.shape[:1])
     e_BxE = sinusoidal_embedding(t_B * self.time_scale, self.embed_dim).astype(self.dtype)
     h = x_BxD.astype(self.dtype)

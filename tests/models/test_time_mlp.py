@@ -53,3 +53,17 @@ def test_time_mlp_equals_a_numpy_forward_pass():
 def test_bad_options_are_one_sentence(options, message):
   one_sentence(lambda: TimeMLP(**options).init(jax.random.key(0), jnp.zeros((2, 2)),
                                                  jnp.zeros((2,))), message)
+
+
+def test_times_or_points_of_another_shape_are_one_sentence():
+  # Times of another batch used to stop in jnp.broadcast_to ('Incompatible types for
+  # broadcasting'), points of another width on Flax's ScopeParamShapeError.
+  model = TimeMLP(hidden=(8,), embed_dim=4)
+  variables = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((2, 2)), jnp.zeros((2,)))
+  with pytest.raises(ValueError, match=r'TimeMLP times of shape \(3,\) must be one time \(\) or '
+                                       r'one per point \[B\] = \(2,\)\.'):
+    jax.eval_shape(lambda v: model.apply(v, jnp.zeros((2, 2)), jnp.zeros((3,))), variables)
+  with pytest.raises(ValueError, match='TimeMLP was initialised on inputs of 2 features, got '
+                                       'inputs of 3; give it inputs like those of init.'):
+    jax.eval_shape(lambda v: model.apply(v, jnp.zeros((2, 3)), jnp.zeros((2,))), variables)
+  assert jax.eval_shape(lambda v: model.apply(v, jnp.zeros((2, 2)), 0.5), variables).shape == (2, 2)
