@@ -15,9 +15,12 @@ import tensorflow_datasets as tfds
 
 def read_utf8(path: str, name: str) -> str:
   """The UTF-8 text of `path`, every character as written (no newline translation, so counts
-  are the file's), or ValueError naming data set `name`, the file and the first invalid byte."""
+  are the file's), or ValueError naming data set `name`, the file and the first invalid byte
+  (or saying the file is empty)."""
   with open(path, 'rb') as f:
     data = f.read()
+  if not data:
+    raise ValueError(f"Data set '{name}' reads UTF-8 text, but {path} is empty.")
   try:
     return data.decode('utf-8')
   except UnicodeDecodeError as e:

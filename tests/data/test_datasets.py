@@ -157,6 +157,22 @@ def test_tiny_shakespeare_refuses_a_file_that_is_not_utf8_naming_it(tmp_path):
                               f"{source / 'input.txt'} has an invalid byte at offset 22.")
 
 
+def test_tiny_shakespeare_refuses_an_empty_file_and_prepares_nothing_from_it(tmp_path):
+  # An empty input.txt used to be prepared as three empty splits, kept with its SHA-256, so
+  # the real file copied over it later was refused as a different source.
+  source = tmp_path / 'src'
+  source.mkdir()
+  (source / 'input.txt').write_bytes(b'')
+  with pytest.raises(ValueError) as error:
+    datasets.load('tiny_shakespeare', 'train', data_dir=tmp_path / 'tfds', source_dir=source)
+  assert str(error.value) == (f"Data set 'tiny_shakespeare' reads UTF-8 text, but "
+                              f"{source / 'input.txt'} is empty.")
+  (source / 'input.txt').write_bytes(SYNTHETIC_TEXT.encode('utf-8'))
+  data = datasets.load('tiny_shakespeare', 'train', data_dir=tmp_path / 'tfds', source_dir=source)
+  start, stop = SYNTHETIC_BOUNDS['train']
+  assert data[0]['text'].decode('utf-8') == SYNTHETIC_TEXT[start:stop]
+
+
 def test_tiny_shakespeare_real_file(tmp_path, monkeypatch):
   folder = shared_folder('tinyshakespeare')
   monkeypatch.setenv('TINY_SHAKESPEARE_DIR', folder)
