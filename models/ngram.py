@@ -237,6 +237,8 @@ class NGramModel:
 
   def sample(self, prompt: np.ndarray, length: int, rng: np.random.Generator) -> np.ndarray:
     """`length` ids drawn one at a time from P(w | the last n − 1 ids so far)."""
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+      raise ValueError(f'length={length!r} is not a number of ids to draw; give an integer >= 0.')
     ids = [int(i) for i in prompt]
     width = self.order - 1
     for _ in range(length):

@@ -180,6 +180,16 @@ def test_sampling_follows_a_deterministic_corpus():
   assert ''.join(VOCAB[i] for i in drawn) == 'bcabcab'
 
 
+
+@pytest.mark.parametrize('length', [-1, 2.0, True])
+def test_sampling_refuses_a_length_that_is_not_a_count(length):
+  # -1 used to return no ids without a word, 2.0 to fail inside range().
+  lm = ngram.NGramModel(ids('abc' * 20), vocab_size=5, order=2, smoothing='add_k', add_k=0.0)
+  with pytest.raises(ValueError, match=rf'^length={length!r} is not a number of ids to draw; '
+                                       r'give an integer >= 0\.$'):
+    lm.sample(ids('ca'), length, np.random.default_rng(0))
+  assert len(lm.sample(ids('ca'), np.int64(0), np.random.default_rng(0))) == 0
+
 def _english(rng: random.Random, sentences: int) -> str:
   subjects = ['the king', 'a young man', 'my lord', 'the queen', 'our good friend', 'this old house']
   verbs = ['loves', 'speaks to', 'remembers', 'follows', 'forgets', 'watches over']
