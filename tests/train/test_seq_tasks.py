@@ -144,7 +144,7 @@ class _FixedLogits(nn.Module):
     return logits_BxTxK
 
 
-@pytest.mark.parametrize('positive_tag', [1, 0])
+@pytest.mark.parametrize('positive_tag', [1, 0, np.int64(1)])  # a NumPy integer is a tag too
 def test_tagging_f1_over_batches_equals_sklearn_over_the_valid_steps(positive_tag):
   rng = np.random.default_rng(0)
   task = tasks.build('tagging', {'features': ('input', 'tags', 'length')}, positive_tag=positive_tag)

@@ -158,9 +158,9 @@ def decode_text(tokens) -> str:
     if token == EOS_ID:
       break
     if token > EOS_ID:
-      chars.append(chr(token) if 32 <= token < 127 else '?')
+      chars.append(chr(token) if 32 <= token < NUM_TOKEN_IDS else '?')
   return ''.join(chars)
 
 
 def _is_ascii_text(data: bytes) -> bool:
-  return all(32 <= b < 127 for b in data)
+  return all(32 <= b < NUM_TOKEN_IDS for b in data)

@@ -1,6 +1,7 @@
 """Tagging: one label per input step (many-to-many, aligned), weighted per valid step."""
 
 import dataclasses
+import numbers
 
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +30,7 @@ class Tagging(base.Task):
 
   def validate(self):
     tag = self.positive_tag
-    if not isinstance(tag, int) or isinstance(tag, bool) or tag < -1:
+    if not isinstance(tag, numbers.Integral) or isinstance(tag, bool) or tag < -1:
       raise ValueError(f'task.positive_tag must be a tag (an integer >= 0) or -1 for no F1, got '
                        f'{tag!r}.')
     features = self.meta.get('features')
