@@ -540,12 +540,17 @@ def _prove_steps(run: Run, abstract, example: dict) -> None:
     return {**batch, **(extra or {})}
   config = run.config
   mask = {'mask': jax.ShapeDtypeStruct((config.eval_batch_size,), np.int32)}
-  # In the steps' context, so the activations' sharding constraints are proved too.
-  with run.parallel.context():
+  # Mapped over the devices as the mode runs them, so collectives over the device axis (batch
+  # norm's under shard_map and pmap) trace; in the steps' context, so the activations' sharding
+  # constraints are proved too.
+  par = run.parallel
+  with par.context():
     _prove('running the first train step', lambda: jax.eval_shape(
-        run.train_step_fn(), abstract, batch_of(config.global_batch_size)))
+        par.per_device_train_step(run.train_step_fn()), abstract,
+        batch_of(config.global_batch_size)))
     _prove('running the first eval step', lambda: jax.eval_shape(
-        run.eval_step_fn(), abstract, batch_of(config.eval_batch_size, mask), np.int32(0)))
+        par.per_device_eval_step(run.eval_step_fn()), abstract,
+        batch_of(config.eval_batch_size, mask), np.int32(0)))
 
 
 def _write_config(config, workdir: str) -> None:

@@ -272,6 +272,22 @@ class Parallel:
 
   # Compiled steps ---------------------------------------------------------
 
+  def per_device_train_step(self, train_step: Callable) -> Callable:
+    """`train_step(state, batch)` on global arrays: under 'shard_map' and 'pmap' it runs on each
+    device's part of the batch under `shard_map` (pmap's step traces alike), so its
+    collectives over 'data' (e.g. batch norm's) are bound; elsewhere `train_step` itself."""
+    if self.axis_name is None:
+      return train_step
+    return jax.shard_map(functools.partial(train_step, axis_name=AXIS), mesh=self.mesh,
+                         in_specs=(P(), P(AXIS)), out_specs=(P(), P()), check_vma=False)
+
+  def per_device_eval_step(self, eval_step: Callable) -> Callable:
+    """`eval_step(state, batch, index)` on global arrays, mapped as `per_device_train_step`."""
+    if self.axis_name is None:
+      return eval_step
+    return jax.shard_map(functools.partial(eval_step, axis_name=AXIS), mesh=self.mesh,
+                         in_specs=(P(), P(AXIS), P()), out_specs=P(), check_vma=False)
+
   def compile_train_step(self, train_step: Callable, abstract_state):
     """`train_step(state, batch, axis_name=...)` compiled for this mode, donating the state.
 
@@ -284,8 +300,7 @@ class Parallel:
       return lambda state, batch: _first_replica_metrics(*step(state, batch))
     shardings = self._step_shardings(abstract_state)
     if self.mode == 'shard_map':
-      train_step = jax.shard_map(functools.partial(train_step, axis_name=AXIS), mesh=self.mesh,
-                                 in_specs=(P(), P(AXIS)), out_specs=(P(), P()), check_vma=False)
+      train_step = self.per_device_train_step(train_step)
     jitted = jax.jit(train_step, in_shardings=(shardings, self.batch_sharding),
                      out_shardings=(shardings, self.replicated), donate_argnums=0)
     return jitted if self.mode != 'tensor' else _InContext(jitted, self.context)
@@ -293,11 +308,9 @@ class Parallel:
   def compile_eval_step(self, eval_step: Callable, abstract_state):
     """`eval_step(state, batch, index, axis_name=...)`; it takes the canonical state layout."""
     shardings = self._step_shardings(abstract_state)
-    if self.mode in ('shard_map', 'pmap'):
-      # pmap's eval also runs under shard_map on the canonical layout, so the
-      # state need not be converted for every evaluation.
-      eval_step = jax.shard_map(functools.partial(eval_step, axis_name=AXIS), mesh=self.mesh,
-                                in_specs=(P(), P(AXIS), P()), out_specs=P(), check_vma=False)
+    # pmap's eval also runs under shard_map on the canonical layout, so the
+    # state need not be converted for every evaluation.
+    eval_step = self.per_device_eval_step(eval_step)
     jitted = _InContext(jax.jit(eval_step, in_shardings=(shardings, self.batch_sharding,
                                                          self.replicated),
                                 out_shardings=self.replicated), self.context)

@@ -173,3 +173,37 @@ def test_a_wrong_fsdp_min_size_is_named(value):
 def test_fsdp_splits_the_largest_dimension_the_axis_divides(shape, axis_size, min_size, spec):
   from train import parallel  # pylint: disable=g-import-not-at-top
   assert tuple(parallel.fsdp_spec(shape, axis_size, min_size)) == spec
+
+
+_SETUP_BATCH_NORM_RUNS = '''
+import json, sys
+from experiments.configs import digits_mlp
+from train import loop
+
+out = {}
+for mode, devices in (('jit', 1), ('shard_map', 2), ('pmap', 2)):
+  config = digits_mlp.get_config()
+  config.data.data_dir = sys.argv[1]
+  config.model.update({'features': (16, 10), 'batch_norm': True, 'dropout_rate': 0.0})
+  config.optimizer.warmup_steps = 0
+  config.parallel.update({'mode': mode, 'num_devices': devices})
+  config.update({'num_train_steps': 3, 'global_batch_size': 16, 'eval_batch_size': 40,
+                 'log_every_steps': 3, 'eval_every_steps': 3, 'checkpoint_every_steps': 3})
+  try:
+    out[mode] = loop.setup(config, f'{sys.argv[2]}/{mode}').train()
+  except ValueError as e:
+    out[mode] = str(e)
+print(json.dumps(out))
+'''
+
+
+def test_a_batch_norm_model_sets_up_and_trains_under_shard_map_and_pmap(data_dir, tmp_path):
+  # Setup's trace of the first steps must map them over the devices as the mode runs them:
+  # batch norm averages its statistics over the device axis, unbound outside the mapping.
+  source = _SETUP_BATCH_NORM_RUNS.replace(
+      'import json, sys', f'import json, sys; sys.argv[1:] = [{data_dir!r}, {str(tmp_path)!r}]')
+  out = run_python(source, devices=2, fast_compile=True)
+  for mode in ('shard_map', 'pmap'):
+    assert isinstance(out[mode], dict), out[mode]
+    for name, value in out['jit'].items():
+      assert abs(out[mode][name] - value) < 1e-5, (mode, name, out[mode][name], value)
