@@ -6,9 +6,9 @@ r"""Attention weights of a trained encoder–decoder: which source characters ea
 Reads the run's `config.json` and latest checkpoint (the parameter EMA when the
 run kept one), decodes examples `--indices` of its eval split greedily (as the
 seq2seq task's `exact_match` does) and draws, for each, the weights α_{t,i}
-of output character t (rows) over source character i (columns), with the
-decoded text. Writes `<workdir>/attention.png` (or --output) and prints
-source → decoded pairs.
+of output token t (rows: each decoded token up to the first EOS, or all of them
+when none was decoded) over source character i (columns), with the decoded text.
+Writes `<workdir>/attention.png` (or --output) and prints source → decoded pairs.
 """
 
 import math
@@ -52,6 +52,19 @@ def decode_with_attention(task, module, variables, batch):
   return np.asarray(decoded_BxN), np.asarray(state['intermediates']['attention'][0])
 
 
+def row_labels(tokens) -> list[str]:
+  """The label of each decoded position up to and including the first EOS (all of them when
+  there is none): its character, or 'EOS', 'PAD', 'BOS', '?' for an id that is not printable."""
+  from train.tasks import seq2seq  # pylint: disable=g-import-not-at-top
+  names = {seq2seq.EOS_ID: 'EOS', seq2seq.PAD_ID: 'PAD', seq2seq.BOS_ID: 'BOS'}
+  labels = []
+  for token in np.asarray(tokens).tolist():
+    labels.append(names.get(token) or (chr(token) if 32 <= token < seq2seq.NUM_TOKEN_IDS else '?'))
+    if token == seq2seq.EOS_ID:
+      break
+  return labels
+
+
 def plot(workdir: str, indices: list[int], output: str) -> list[str]:
   """Writes the figure of the run in `workdir`; returns 'source → decoded' lines."""
   from data import pipeline  # pylint: disable=g-import-not-at-top
@@ -83,11 +96,13 @@ def plot(workdir: str, indices: list[int], output: str) -> list[str]:
     length = int(batch['source_length'][k])
     source = ''.join(chr(int(c)) for c in batch['source'][k, :length])
     text = seq2seq.decode_text(decoded_BxN[k])
-    rows_shown = len(text) + 1  # the characters and EOS
-    ax.imshow(weights_BxNxS[k, :rows_shown, :length], cmap='viridis', vmin=0, vmax=1,
+    # One row per decoded token, as decoded: the text drops padding and BOS and has no EOS when
+    # none was decoded, so its characters need not be the rows.
+    labels = row_labels(decoded_BxN[k])
+    ax.imshow(weights_BxNxS[k, :len(labels), :length], cmap='viridis', vmin=0, vmax=1,
               aspect='auto')
     ax.set_xticks(range(length), list(source), fontsize=8)
-    ax.set_yticks(range(rows_shown), list(text) + ['EOS'], fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_title(f'{source!r} → {text!r}', fontsize=9)
     lines.append(f'{source} → {text}')
   fig.suptitle(f'attention weights α_t,i ({config.model.attention}), {config.model.name} on '

@@ -97,3 +97,29 @@ def test_an_output_that_is_a_folder_is_refused_before_the_run_is_read(tmp_path):
       capture_output=True, text=True, timeout=120)
   assert result.returncode == 1
   assert result.stderr == f'error: --output={tmp_path} is a folder; give the file to write in it.\n'
+
+
+def test_each_row_is_labelled_with_the_token_decoded_there(attention_run, tmp_path,
+                                                           monkeypatch):
+  # The rows were labelled with the decoded text and 'EOS': a padding or BOS token decoded
+  # mid-sequence shifted every later label by a row, and a decoding without EOS got an 'EOS'
+  # label below its last row.
+  eos, pad, bos = seq2seq.EOS_ID, seq2seq.PAD_ID, seq2seq.BOS_ID
+  decode = plot_attention.decode_with_attention
+
+  def crafted(task, module, variables, batch):
+    decoded, weights = decode(task, module, variables, batch)
+    decoded = np.full_like(decoded, ord('-'))  # no EOS
+    decoded[0, :5] = [ord('A'), pad, bos, ord('B'), eos]
+    return decoded, weights
+  figures = []
+  monkeypatch.setattr(plot_attention, 'decode_with_attention', crafted)
+  monkeypatch.setattr(plot_attention.plt, 'close', figures.append)
+  plot_attention.plot(attention_run, [0, 3], str(tmp_path / 'attention.png'))
+  axes = [ax for ax in figures[0].axes if ax.images]
+  num_steps = loop.read_config(attention_run).task.max_target_length + 1
+  expected = [['A', 'PAD', 'BOS', 'B', 'EOS'], ['-'] * num_steps]
+  for ax, labels in zip(axes, expected, strict=True):
+    assert ax.images[0].get_array().shape[0] == len(labels)
+    assert [t.get_text() for t in ax.get_yticklabels()] == labels
+    assert list(ax.get_yticks()) == list(range(len(labels)))
