@@ -123,6 +123,9 @@ def figure_data(workdirs, num: int, seed: int) -> dict:
   from train import checkpoint, loop
 
   workdirs = _check_workdirs(workdirs, num)
+  if not isinstance(seed, int) or seed < 0:
+    raise ValueError(f'--seed={seed!r} must be an integer of at least 0 (it seeds NumPy\'s '
+                     'choice of the test images).')
   configs = [loop.read_config(w) for w in workdirs]
   for workdir, config in zip(workdirs, configs):
     if config.model.name not in MODELS:

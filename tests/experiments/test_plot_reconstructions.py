@@ -173,14 +173,14 @@ def test_every_run_reconstructs_the_same_clean_test_images_from_its_checkpoint(t
                                _brute_force_cross_entropy(x, logits_NxD), rtol=1e-6)
 
 
-def _error(workdirs, monkeypatch, num=8, build=False) -> str:
+def _error(workdirs, monkeypatch, num=8, build=False, seed=0) -> str:
   def unreachable(*args, **kwargs):
     raise AssertionError('the run was loaded before the error')
   monkeypatch.setattr(checkpoint, 'restore_arrays', unreachable)
   if not build:
     monkeypatch.setattr(loop, 'build_parts', unreachable)
   with pytest.raises(SystemExit) as info:
-    plot_reconstructions.run([str(w) for w in workdirs], num, 0, '/nonexistent/never.png')
+    plot_reconstructions.run([str(w) for w in workdirs], num, seed, '/nonexistent/never.png')
   message = info.value.code
   assert isinstance(message, str), message  # sys.exit(str): status 1
   assert message.startswith('error: ') and '\n' not in message and message.endswith('.'), message
@@ -203,6 +203,13 @@ def test_no_work_directories_is_one_sentence(workdirs, monkeypatch):
 def test_a_bad_num_is_one_sentence(tmp_path, monkeypatch, num):
   assert _error([tmp_path], monkeypatch, num=num) == (
       f'error: --num={num} is not allowed; reconstruct from 1 to 32 images.')
+
+
+def test_a_negative_seed_is_one_sentence_naming_the_flag(tmp_path, monkeypatch):
+  # It was NumPy's 'error: expected non-negative integer', after every run was built.
+  assert _error([tmp_path], monkeypatch, seed=-1) == (
+      "error: --seed=-1 must be an integer of at least 0 (it seeds NumPy's choice of the test "
+      'images).')
 
 
 def test_a_run_of_another_model_is_one_sentence(tmp_path, data_dir, monkeypatch):
