@@ -236,6 +236,7 @@ class Run:
             if not writer.recorded(start_step, 'eval'):  # (process 0 decides what it writes)
               writer.write(start_step, 'eval', eval_metrics)
               writer.write_outputs(start_step, outputs)
+          last_log = (start_step, time.time())
         for step in range(start_step, total):
           profile.before(step)
           batch = next(train_iter)
@@ -284,9 +285,12 @@ class Run:
               self._save(done, canonical, train_iter, force=done == total or stopping,
                          evaluation_due=eval_due and stopping)
             if is_eval:
+              began = time.time()
               eval_metrics = self.evaluate(eval_step, canonical)
               writer.write(done, 'eval', eval_metrics)
               writer.write_outputs(done, self.run_hooks(canonical, done))
+              # Training throughput leaves the evaluation's time out of its interval.
+              last_log = (last_log[0], last_log[1] + time.time() - began)
           if stopping:
             stopped = Stopped(f'stopped at step {done}; rerun the same command to resume',
                               exit_code=stop.exit_code or 1)
@@ -329,7 +333,8 @@ class Run:
 
   def _log_train(self, writer, step, pending, last_log):
     """Logs the log interval: its weighted sums finalized (skipped steps left out), their
-    mean gradient norm, the learning rate of the logged step and how many steps were skipped."""
+    mean gradient norm, the learning rate of the logged step, how many steps were skipped and
+    the training examples per second over the interval's wall time less its evaluations'."""
     pending = jax.device_get(pending)
     kept = [m for m in pending if not m['skipped']] or pending
     totals = jax.tree.map(lambda *xs: np.sum(xs), *[m['totals'] for m in kept])
