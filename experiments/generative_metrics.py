@@ -46,7 +46,8 @@ the paper's Algorithms 1 and 2 and reports their mean ℓ1 errors (figure
 that kept none samples its parameters either way, and its row says 'params').
 
 Prints the row and appends it to `<workdir>/generative_metrics.jsonl` (the classifier's for
-the floor); the first 64 samples are drawn to `<that workdir>/samples/<sampler>_<steps>_….png`.
+the floor); the first 64 samples are drawn to `<that workdir>/samples/<sampler>_<steps>_….png`,
+one file per setting that changes them.
 """
 
 import json
@@ -345,13 +346,20 @@ def ode_bits_per_dim(task, module, variables, eval_source, *, num: int, steps: i
 
 
 def grid_name(sampler: str, steps: int, weights: str, cold_start_kind: str, ode_grid: str,
-              seed: int) -> str:
-  """The file name (without .png) of a row's sample grid: one per setting, so that no row's
-  grid replaces another's (the defaults, uniform grid and seed 0, leave no mark)."""
+              seed: int, *, num_samples: int = 256, batch_size: int = 128,
+              binarize: bool = False, cold_noise: float = 0.002) -> str:
+  """The file name (without .png) of a row's sample grid: one per setting that changes the
+  images drawn, so that no row's grid replaces another's (the defaults, uniform grid, seed 0,
+  256 samples in batches of 128, the cold noise 0.002 and grey data images, leave no mark)."""
   return '_'.join([sampler, str(steps)] + ([weights] if sampler != 'data' else [])
                   + ([cold_start_kind] if sampler == 'cold' else [])
+                  + ([f'noise{cold_noise:g}'] if sampler == 'cold' and cold_noise != 0.002
+                     else [])
                   + ([ode_grid] if sampler == 'ode' and ode_grid != 'uniform' else [])
-                  + ([f'seed{seed}'] if seed else []))
+                  + ([f'seed{seed}'] if seed else [])
+                  + ([f'n{num_samples}'] if num_samples != 256 else [])
+                  + ([f'batch{batch_size}'] if sampler != 'data' and batch_size != 128 else [])
+                  + (['binary'] if sampler == 'data' and binarize else []))
 
 
 def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, num_samples: int,
@@ -440,7 +448,9 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
                                    out_dir=out_dir))
   row['frechet_distance'] = frechet.frechet_distance(
       *frechet.feature_statistics(features(to_pixels(images))), *reference)
-  name = grid_name(sampler, steps, weights, cold_start_kind, ode_grid, seed)
+  name = grid_name(sampler, steps, weights, cold_start_kind, ode_grid, seed,
+                   num_samples=num_samples, batch_size=batch_size, binarize=binarize,
+                   cold_noise=cold_noise)
   _save_grid(images[:GRID_SAMPLES], os.path.join(out_dir, 'samples', f'{name}.png'))
   with open(os.path.join(out_dir, OUTPUT_FILE), 'a', encoding='utf-8') as f:
     f.write(json.dumps(row, sort_keys=True) + '\n')

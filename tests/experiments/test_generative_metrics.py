@@ -251,7 +251,7 @@ def test_the_floor_is_the_distance_of_the_classifier_features_of_pixels(classifi
       *frechet.feature_statistics(features(train, order)),
       *frechet.feature_statistics(features(test, range(len(test)))))
   assert row['frechet_distance'] == pytest.approx(expected, rel=1e-4)
-  assert os.path.exists(os.path.join(classifier_run, 'samples', 'data_0_seed3.png'))
+  assert os.path.exists(os.path.join(classifier_run, 'samples', 'data_0_seed3_n40.png'))
 
 
 def test_a_classifier_that_is_not_a_classification_run_is_one_sentence(vae_run):
@@ -266,5 +266,32 @@ def test_a_run_without_a_parameter_average_records_the_parameters(classifier_run
   row = generative_metrics.measure(classifier=classifier_run, workdir=vae_run, sampler='vae',
                                    steps=0, num_samples=8, batch_size=8, seed=0, weights='ema')
   assert row['weights'] == 'params'
-  assert os.path.exists(os.path.join(vae_run, 'samples', 'vae_0_params.png'))
-  assert not os.path.exists(os.path.join(vae_run, 'samples', 'vae_0_ema.png'))
+  assert os.path.exists(os.path.join(vae_run, 'samples', 'vae_0_params_n8_batch8.png'))
+  assert not os.path.exists(os.path.join(vae_run, 'samples', 'vae_0_ema_n8_batch8.png'))
+
+
+def test_floors_of_other_images_keep_their_own_sample_grids(classifier_run):
+  # The grey floor's grid was replaced by the binarised floor's (both data_0.png), and the
+  # floor at one N by the floor at another.
+  def floor(**options):
+    generative_metrics.measure(classifier=classifier_run, workdir=None, sampler='data',
+                               steps=0, batch_size=8, seed=5, **options)
+  samples = os.path.join(classifier_run, 'samples')
+  floor(num_samples=20)
+  with open(os.path.join(samples, 'data_0_seed5_n20.png'), 'rb') as f:
+    grey = f.read()
+  floor(num_samples=20, binarize=True)
+  floor(num_samples=30)
+  names = ['data_0_seed5_n20.png', 'data_0_seed5_n20_binary.png', 'data_0_seed5_n30.png']
+  drawn = {}
+  for name in names:
+    with open(os.path.join(samples, name), 'rb') as f:
+      drawn[name] = f.read()
+  assert drawn[names[0]] == grey and len(set(drawn.values())) == 3
+  # Settings that change the samples of a run name their grids apart too.
+  settings = [dict(num_samples=256, batch_size=128), dict(num_samples=64, batch_size=128),
+              dict(num_samples=256, batch_size=64)]
+  assert len({generative_metrics.grid_name('ancestral', 100, 'ema', 'gaussian', 'uniform', 0,
+                                           **setting) for setting in settings}) == 3
+  assert generative_metrics.grid_name('cold', 0, 'ema', 'gaussian', 'uniform', 0,
+                                      cold_noise=0.01) == 'cold_0_ema_gaussian_noise0.01'
