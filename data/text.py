@@ -8,8 +8,11 @@ that starts at offset o; a window record holds the T + 1 tokens x_{o..o+T}
   training   every offset o = 0 … n − T − 1, so each epoch of the pipeline's
              seeded permutation sees every position of the text as a target at
              every depth of context it can have;
-  evaluation offsets o = 0, T, 2T, …, so each target x_1 … x_{n−1} is scored
-             exactly once; the last window is padded with id 0 and weight 0.
+  evaluation offsets o = 0, T, 2T, … < n, so each target x_1 … x_{n−1} is scored
+             exactly once and each token x_0 … x_{n−1} is among the first T of
+             one window (a masked language model's text); the last window is
+             padded with id 0 and weight 0 (when n − 1 is a multiple of T it
+             holds x_{n−1} alone, and no target).
 
 The tokenizer is trained on the train split only and kept in the run's workdir
 (`tokenizer.json`) so a resumed run and its samplers encode text identically.
@@ -149,7 +152,7 @@ class TokenWindows:
       raise ValueError(f'A text of {n} tokens is too short for one {kind} window of length '
                        f'{self.length}; it needs at least {needed} tokens.')
     self._stride = 1 if training else self.length
-    self._len = n - self.length if training else -(-(n - 1) // self.length)
+    self._len = n - self.length if training else -(-n // self.length)
     # Padding after the text lets every window be one slice of the same array.
     self._padded = np.concatenate([self.tokens, np.full(self.length, PAD_ID, np.int32)])
     self._window = np.arange(self.length + 1)

@@ -61,7 +61,8 @@ def test_eval_windows_score_every_target_exactly_once(n, length):
       else:
         assert record['weights'][j] == 0 and record['tokens'][j + 1] == text.PAD_ID
   assert sorted(scored) == [(p, int(tokens[p])) for p in range(1, n)]
-  assert len(windows) == -(-(n - 1) // length)  # no window without a scored target
+  # Each token is among the first `length` of one window: offsets 0, length, ... below n.
+  assert len(windows) == -(-n // length)
 
 
 @pytest.mark.parametrize('training', [True, False])

@@ -56,8 +56,9 @@ def test_windows_become_cls_text_sep_then_padding():
       [A, B, C, D], [E, D, C, PAD], [B, PAD, PAD, PAD]])
 
 
-def test_evaluation_windows_hold_every_token_of_the_text_once():
-  stream = np.arange(23) % 5
+@pytest.mark.parametrize('n', [23, 21, 6, 2])  # with n − 1 a multiple of 5 too
+def test_evaluation_windows_hold_every_token_of_the_text_once(n):
+  stream = np.arange(n) % 5
   windows = text.TokenWindows(stream, 5, training=False)
   tokens = _task().preprocess(windows.gather(np.arange(len(windows))))['tokens']
   np.testing.assert_array_equal(tokens[tokens < 5], stream)
