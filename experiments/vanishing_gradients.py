@@ -319,7 +319,7 @@ def run(output, *, features=64, in_features=8, length=100, samples=5, scales=(0.
 
 def _positive_numbers(values: list[str]) -> bool:
   try:
-    return bool(values) and all(float(v) > 0 for v in values)
+    return bool(values) and all(0 < float(v) < float('inf') for v in values)
   except ValueError:
     return False
 
@@ -345,9 +345,11 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_float('clip_norm', 1.0, 'Global-norm threshold of the clipped run.', **kw)
   flags.DEFINE_integer('seed', 0, 'Seed of parameters and inputs.', **kw)
   for name in ('scales', 'train_scales'):
-    flags.register_validator(name, _positive_numbers, f'--{name} must be positive numbers.', **kw)
+    flags.register_validator(name, _positive_numbers, f'--{name} must be positive numbers, '
+                             'not infinite.', **kw)
   for name in ('learning_rate', 'clip_norm'):
-    flags.register_validator(name, lambda v: v > 0, f'--{name} must be positive.', **kw)
+    flags.register_validator(name, lambda v: 0 < v < float('inf'),
+                             f'--{name} must be positive and finite.', **kw)
   flags.register_multi_flags_validator(
       ['delay', 'train_length'], lambda f: f['delay'] < f['train_length'],
       '--delay must be less than --train_length (the target is an input of the same sequence).',

@@ -126,6 +126,11 @@ def test_the_script_writes_its_figure(tmp_path, monkeypatch, capsys):
     ('--train_scales=0', '--train_scales must be positive numbers'),
     ('--learning_rate=0', '--learning_rate must be positive'),
     ('--clip_norm=-1', '--clip_norm must be positive'),
+    # An infinite learning rate or scale trained (or drew) NaNs without a word against it.
+    ('--learning_rate=inf', '--learning_rate must be positive and finite'),
+    ('--clip_norm=inf', '--clip_norm must be positive and finite'),
+    ('--scales=1,inf', '--scales must be positive numbers, not infinite'),
+    ('--train_scales=inf', '--train_scales must be positive numbers, not infinite'),
     ('--delay=12', 'delay=12, train_length=12: --delay must be less than --train_length'),
 ])
 def test_bad_flags_are_refused_when_parsed(flag, message):
