@@ -93,7 +93,8 @@ def define_flags() -> None:
   flags.DEFINE_integer('train_steps', 5000, 'Adam steps per trained network; 0 skips training.',
                        lower_bound=0)
   flags.DEFINE_float('learning_rate', 1e-2, 'Initial Adam learning rate, cosine-decayed to 0.')
-  flags.register_validator('learning_rate', lambda v: v > 0, '--learning_rate must be positive.')
+  flags.register_validator('learning_rate', lambda v: 0 < v < float('inf'),
+                           '--learning_rate must be positive and finite.')
   flags.DEFINE_integer('seed', 0, 'Seed of the trained networks.')
 
 

@@ -87,6 +87,8 @@ def test_list_flags_of_integers_parse_in_order():
     ('--widths=', '--widths= must be integers of at least 4'),
     ('--train_steps=-1', 'flag --train_steps=-1: -1 is not a non-negative integer'),
     ('--learning_rate=0', '--learning_rate must be positive'),
+    # An infinite rate trained NaN networks and tabled their error as nan.
+    ('--learning_rate=inf', '--learning_rate must be positive and finite'),
 ])
 def test_the_script_refuses_bad_flags_and_keeps_an_earlier_table(tmp_path, flag, message):
   table = tmp_path / 'universal_approximation.tsv'
