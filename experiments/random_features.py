@@ -66,7 +66,9 @@ def define_flags() -> None:
                      '"scale" rule.')
   flags.DEFINE_float('ridge', 1e-2, 'Ridge parameter of both ridge classifiers.', lower_bound=0.0)
   flags.DEFINE_float('svc_c', 10.0, 'Regularisation constant C > 0 of the SVC.')
-  flags.register_validator('gamma', lambda v: v is None or v > 0, '--gamma must be positive.')
+  flags.register_validator('gamma', lambda v: v is None or 0 < v < float('inf'),
+                           '--gamma must be positive and finite.')
+  flags.register_validator('ridge', lambda v: v < float('inf'), '--ridge must be finite.')
   flags.register_validator('svc_c', lambda v: v > 0, '--svc_c must be positive.')
   flags.DEFINE_integer('split_seed', 0, 'Seed of the stratified 70/30 train/test split.',
                        lower_bound=0, upper_bound=2**32 - 1)  # scikit-learn's seed range

@@ -114,6 +114,22 @@ def test_random_features_refuses_a_split_seed_scikit_learn_cannot_take(tmp_path)
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize('flag, message', [
+    ('--gamma=inf', '--gamma must be positive and finite'),
+    ('--ridge=inf', '--ridge must be finite'),
+])
+def test_random_features_refuses_an_infinite_gamma_or_ridge_at_parsing(tmp_path, flag, message):
+  # Each passed the flag checks and ended in scikit-learn's InvalidParameterError traceback
+  # after the data was loaded.
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.random_features', f'--workdir={tmp_path}',
+       '--num_features=10', '--draws=1', flag], cwd=REPO_ROOT,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1 and result.stdout == '', result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr and message in result.stderr
+  assert not os.listdir(tmp_path)
+
+
 @pytest.mark.parametrize('script, flags', [
     ('random_features', ['--num_features=10', '--draws=1']),
     ('universal_approximation', ['--widths=4', '--train_steps=0']),
