@@ -313,7 +313,9 @@ def format_table(result: dict) -> str:
 
 
 def plot(test_points, samples: dict, path: str, title: str) -> None:
-  """A 1 × 4 scatter figure: the test points and the PC, ODE and annealed-Langevin samples."""
+  """A 1 × 4 scatter figure: the test points and the PC, ODE and annealed-Langevin samples, on
+  the square of 1.25 times the test points' largest coordinate; each title counts the points
+  and those outside that square."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')  # Files only; no display is needed.
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -328,7 +330,10 @@ def plot(test_points, samples: dict, path: str, title: str) -> None:
       ax.set_title(name)
     else:
       ax.scatter(xy[:, 0], xy[:, 1], s=2, alpha=0.5)
-      ax.set_title(f'{name} ({len(xy)})')
+      # The square is the test points'; a sample beyond it (or not finite) is not drawn.
+      outside = int(np.sum(~np.all(np.abs(np.asarray(xy)) <= limit, axis=-1)))
+      ax.set_title(f'{name} ({len(xy)}' + (f', {outside} outside the square shown)'
+                                           if outside else ')'))
     ax.set_xlim(-limit, limit)
     ax.set_ylim(-limit, limit)
     ax.set_aspect('equal')

@@ -168,3 +168,20 @@ def test_prior_mismatch_is_the_kl_of_two_gaussians(sde):
   estimate, se = (float(x) for x in md.prior_mismatch(mixture, sde, jax.random.PRNGKey(0)))
   assert 1 < kl < 3
   assert 0 < se < 0.03 and abs(estimate - kl) < 4 * se, (estimate, se, kl)
+
+
+def test_each_panel_counts_the_samples_outside_the_square_it_shows(tmp_path, monkeypatch):
+  # The panels are limited to the test points' square and titled with the sample count only:
+  # samples of an untrained score that landed beyond it (or were not finite) were not drawn,
+  # and the figure showed empty panels titled '(50)'.
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  figures = []
+  monkeypatch.setattr(plt, 'close', figures.append)
+  test_points = np.array([[1.0, -2.0], [0.5, 0.5]])  # the square: |x|, |y| ≤ 2.5
+  samples = {'pc': np.array([[0.0, 0.0], [2.5, -2.5], [2.6, 0.0], [0.0, -30.0], [np.nan, 0]]),
+             'ode': np.array([[1.0, 1.0], [-2.0, 2.0]])}
+  md.plot(test_points, samples, str(tmp_path / 'samples.png'), 'title')
+  titles = [ax.get_title() for ax in figures[0].axes]
+  assert titles == ['test points (2)', 'pc (5, 3 outside the square shown)', 'ode (2)',
+                    'annealed_langevin']
+  assert os.path.getsize(tmp_path / 'samples.png') > 1000
