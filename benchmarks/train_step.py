@@ -186,11 +186,16 @@ def one_device_step(run, state, host_batch):
   """`run`'s train step on the whole global batch, compiled for one device.
 
   Its FLOPs and matrix products are those of one global step in every parallel mode: compiled
-  over several devices, XLA's cost analysis counts one device's share.
+  over several devices, XLA's cost analysis counts one device's share. The model is the one
+  'jit' runs: under 'shard_map' and 'pmap' batch norm averages its statistics over the device
+  axis, which this step, unmapped, has not (it normalises by the whole batch's alike).
   """
   device = jax.devices()[0]
-  return jax.jit(run.train_step_fn()).lower(jax.device_put(jax.device_get(state), device),
-                                            jax.device_put(host_batch, device)).compile()
+  step = run.train_step_fn()
+  if getattr(run.model, 'batch_norm_axis_name', None) is not None:
+    step = functools.partial(step, model=run.model.clone(batch_norm_axis_name=None))
+  return jax.jit(step).lower(jax.device_put(jax.device_get(state), device),
+                             jax.device_put(host_batch, device)).compile()
 
 
 def compiled_flops(compiled) -> float:

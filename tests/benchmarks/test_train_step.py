@@ -157,3 +157,33 @@ def test_a_sweep_of_a_placeholder_field_takes_the_type_it_declares():
       ''')
   assert result == [['data.window=64', 'data.window', 64, 'int'],
                     ['data.window=128', 'data.window', 128, 'int']]
+
+
+def test_step_flops_of_a_batch_norm_model_under_shard_map_and_pmap(data_dir, tmp_path):
+  # Batch norm averages its statistics over the device axis under shard_map and pmap, an axis
+  # the one-device step does not map: it must count what the 'jit' run counts.
+  result = run_python(f'''
+      import json
+      from benchmarks import train_step
+      from experiments.configs import digits_mlp
+      from train import loop
+
+      flops = {{}}
+      for mode, devices in (('jit', 1), ('shard_map', 2), ('pmap', 2)):
+        config = digits_mlp.get_config()
+        config.data.data_dir = {data_dir!r}
+        config.global_batch_size = 16
+        config.model.update({{'features': (16, 10), 'batch_norm': True, 'dropout_rate': 0.0}})
+        config.parallel.mode = mode
+        config.parallel.num_devices = devices
+        run = loop.setup(config, {str(tmp_path)!r} + f'/{{mode}}')
+        state = run.parallel.init_state(run.init_fn, run.rng)
+        try:
+          flops[mode] = train_step.compiled_flops(
+              train_step.one_device_step(run, state, next(run.train_iterator())))
+        except NameError as e:
+          flops[mode] = str(e)
+        run.lock.release()
+      print(json.dumps(flops))
+      ''', devices=2)
+  assert result['shard_map'] == result['pmap'] == result['jit'] > 0, result
