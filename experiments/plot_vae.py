@@ -228,12 +228,13 @@ def run(workdir: str | None, num: int = 8, seed: int = 0, output: str | None = N
   one sentence."""
   from experiments import command_line  # pylint: disable=g-import-not-at-top
   try:
+    # The default file is checked as a given one is, before the run is read.
+    output = output or (os.path.join(os.path.abspath(workdir), OUTPUT_FILE) if workdir else None)
     if output:
       command_line.output_file(output, 'output')
     data = figure_data(workdir, num, seed)
   except (ValueError, FileNotFoundError, app.UsageError) as e:
     sys.exit(f'error: {e}')
-  output = output or os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
   plot(data, output)
   return output
 

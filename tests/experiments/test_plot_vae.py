@@ -188,3 +188,15 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run_is_read(tmp_
   with pytest.raises(SystemExit) as info:
     plot_vae.run(str(tmp_path), 8, 0, str(tmp_path / name))
   assert info.value.code.startswith(f'error: --output={tmp_path / name} ')
+
+
+def test_a_default_output_that_is_a_folder_is_refused_before_the_run_is_read(tmp_path,
+                                                                             monkeypatch):
+  # Only a given --output was checked: a folder at <workdir>/vae.png was found by savefig,
+  # an IsADirectoryError traceback after the whole figure was computed.
+  (tmp_path / plot_vae.OUTPUT_FILE).mkdir()
+  monkeypatch.setattr(plot_vae, 'figure_data', lambda *a: pytest.fail('the run was read'))
+  with pytest.raises(SystemExit) as info:
+    plot_vae.run(str(tmp_path), 8, 0)
+  assert info.value.code == (f'error: --output={tmp_path / plot_vae.OUTPUT_FILE} is a folder; '
+                             'give the file to write in it.')
