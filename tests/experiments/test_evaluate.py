@@ -81,3 +81,13 @@ def test_the_metrics_are_those_of_the_checkpoint_on_every_test_image_once(mlp_ru
   assert record['metrics']['loss'] == pytest.approx(nll.mean(), rel=1e-5)
   assert record['metrics']['accuracy'] == pytest.approx(np.mean(logits.argmax(axis=1) == labels),
                                                         abs=1e-6)
+
+
+def test_a_record_file_that_is_a_folder_is_refused_before_the_evaluation(tmp_path, monkeypatch):
+  # It was an IsADirectoryError traceback after the whole evaluation.
+  (tmp_path / evaluate.OUTPUT_FILE).mkdir()
+  monkeypatch.setattr(evaluate, 'evaluate', lambda *a, **k: pytest.fail('evaluated'))
+  with pytest.raises(SystemExit) as info:
+    evaluate.run(str(tmp_path))
+  assert info.value.code == (f"error: '{tmp_path / evaluate.OUTPUT_FILE}', the file the record "
+                             'is appended to, is a folder.')
