@@ -110,6 +110,9 @@ def run(workdir: str | None, *, examples: int | None = None, max_passes: int | N
   try:
     if not workdir:
       raise ValueError('--workdir must name the work directory of a trained run.')
+    path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
+    if os.path.isdir(path):  # found before the recomputation, not after it
+      raise ValueError(f'{path!r}, the file the record is appended to, is a folder.')
     record = recompute(workdir, examples=examples, max_passes=max_passes, batch_size=batch_size)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')

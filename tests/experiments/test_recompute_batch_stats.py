@@ -261,3 +261,14 @@ def test_statistics_use_unaugmented_inputs_and_the_parameter_average(augmented_e
   kernel = lambda params: np.asarray(params['head']['kernel'])
   np.testing.assert_allclose(kernel(given[0]['params']), kernel(saved['ema_params']), rtol=1e-6)
   assert not np.allclose(kernel(saved['ema_params']), kernel(saved['params']), rtol=0.1)
+
+
+def test_a_record_file_that_is_a_folder_is_refused_before_the_recomputation(tmp_path,
+                                                                          monkeypatch):
+  # It was an IsADirectoryError traceback after both evaluations and the recomputation.
+  (tmp_path / script.OUTPUT_FILE).mkdir()
+  monkeypatch.setattr(script, 'recompute', lambda *a, **k: pytest.fail('recomputed'))
+  with pytest.raises(SystemExit) as info:
+    script.run(str(tmp_path))
+  assert info.value.code == (f"error: '{tmp_path / script.OUTPUT_FILE}', the file the record "
+                             'is appended to, is a folder.')
