@@ -40,7 +40,8 @@ an impossible −5.3 bits/dim for the Fashion-MNIST DDPM.
 
 A cold run also restores the first --batch_size test images from D(x_0, t) at t = T/2 and T by
 the paper's Algorithms 1 and 2 and reports their mean ℓ1 errors (figure
-`samples/cold_restore_<t>.png`: images, degradations, Algorithm 1, Algorithm 2).
+`samples/cold_restore_<t>_<weights>[_n<batch_size>].png`: images, degradations, Algorithm 1,
+Algorithm 2; the batch size marked when it is not 128).
 
 --weights=params samples with the run's parameters instead of their moving average (a run
 that kept none samples its parameters either way, and its row says 'params').
@@ -290,11 +291,13 @@ def draw_samples(config, task, module, variables, train_source, *, sampler: str,
   return np.concatenate(out), (time.perf_counter() - start_time) / num
 
 
-def cold_restorations(task, module, variables, eval_source, *, num: int, out_dir: str) -> dict:
+def cold_restorations(task, module, variables, eval_source, *, num: int, out_dir: str,
+                      weights: str = 'ema') -> dict:
   """Cold diffusion restoring the first `num` test images from D(x_0, t) at t = T/2 and T by
   Algorithm 1 (naive) and Algorithm 2 (improved): the mean ℓ1 error per pixel in [0, 1] of
-  each, and a figure `<out_dir>/samples/cold_restore_<t>.png` with rows of the images, their
-  degradations and the two restorations."""
+  each, and a figure `<out_dir>/samples/cold_restore_<t>_<weights>[_n<num>].png` (`weights`
+  names the parameters in `variables`; `num` is marked when it is not 128) with rows of the
+  images, their degradations and the two restorations."""
   import jax  # pylint: disable=g-import-not-at-top
   from data import pipeline  # pylint: disable=g-import-not-at-top
   from models.generative import cold as cold_lib  # pylint: disable=g-import-not-at-top
@@ -312,7 +315,8 @@ def cold_restorations(task, module, variables, eval_source, *, num: int, out_dir
     rows = [to_unit(v)[:16] for v in (x0, x_t, naive, improved)]
     for name, value in (('naive', naive), ('improved', improved)):
       errors[f'restore_l1_{name}_t{t}'] = float(np.mean(np.abs(to_unit(value) - to_unit(x0))))
-    _save_grid(np.concatenate(rows), os.path.join(out_dir, 'samples', f'cold_restore_{t}.png'))
+    name = '_'.join([f'cold_restore_{t}', weights] + ([f'n{num}'] if num != 128 else []))
+    _save_grid(np.concatenate(rows), os.path.join(out_dir, 'samples', f'{name}.png'))
   return errors
 
 
@@ -445,7 +449,7 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
     if sampler == 'cold':
       row['cold_start'] = cold_start_kind
       row.update(cold_restorations(task, module, variables, eval_source, num=batch_size,
-                                   out_dir=out_dir))
+                                   out_dir=out_dir, weights=weights))
   row['frechet_distance'] = frechet.frechet_distance(
       *frechet.feature_statistics(features(to_pixels(images))), *reference)
   name = grid_name(sampler, steps, weights, cold_start_kind, ode_grid, seed,

@@ -295,3 +295,26 @@ def test_floors_of_other_images_keep_their_own_sample_grids(classifier_run):
                                            **setting) for setting in settings}) == 3
   assert generative_metrics.grid_name('cold', 0, 'ema', 'gaussian', 'uniform', 0,
                                       cold_noise=0.01) == 'cold_0_ema_gaussian_noise0.01'
+
+
+def test_cold_restorations_of_other_weights_or_counts_keep_their_own_figures(tmp_path):
+  # Every call drew samples/cold_restore_<t>.png: a row with --weights=params replaced the
+  # figure of the parameter average's row, and one of another --batch_size too.
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  steps = 4
+  task = types.SimpleNamespace(
+      process_steps=steps, preprocess=lambda records: {'x0': records['image']},
+      model_fn=lambda apply: apply,
+      degrade_fn=lambda x0: lambda x, t: x * (1 - jnp.asarray(t, jnp.float32)[..., None, None,
+                                                                          None] / (2 * steps)))
+  module = types.SimpleNamespace(apply=lambda variables, x, t: x * variables['gain'])
+  images = np.linspace(-1, 1, 6 * 16, dtype=np.float32).reshape(6, 4, 4, 1)
+  source = [{'image': image} for image in images]
+  errors = {}
+  for weights, gain, num in (('ema', 1.0, 5), ('params', 1.5, 5), ('ema', 1.0, 6)):
+    errors[weights, num] = generative_metrics.cold_restorations(
+        task, module, {'gain': gain}, source, num=num, out_dir=str(tmp_path), weights=weights)
+  drawn = sorted(os.listdir(tmp_path / 'samples'))
+  assert drawn == [f'cold_restore_{t}_{w}_n{n}.png' for t in (2, 4)
+                   for w, n in (('ema', 5), ('ema', 6), ('params', 5))]
+  assert errors['ema', 5] != errors['params', 5]
