@@ -4,15 +4,16 @@ r"""Evaluates a trained run's latest checkpoint again, optionally under changed 
       [--set=data.options.length=2048 --set=model.max_length=2048]
 
 Reads the run's `config.json` and newest good checkpoint (the parameter EMA when
-the run kept one) and runs the run's own evaluation over its eval split. With
+the run kept one; `--set=ema_decay=0` evaluates the parameters) and runs the run's own evaluation over its eval split. With
 `--window` the text windows have that many tokens instead of the trained
 context, e.g. twice the training length to see which position schemes
 extrapolate (Press et al. 2022). Each `--set=KEY=VALUE` replaces one value of the run's
 config (a dotted key that exists there; the value read as a Python literal, else as a
 string), e.g. a generated data set's length; one under which the model's parameters differ
 from the checkpoint's (a leaf missing, added, or of another shape or dtype) is refused
-before evaluating. Prints the metrics and appends them, with the window and the checkpoint
-step, to `<workdir>/evaluations.jsonl`; nothing else in the work directory changes.
+before evaluating. Prints the metrics and appends them, with the window, the checkpoint
+step and the weights evaluated ('ema' or 'params'), to `<workdir>/evaluations.jsonl`; nothing
+else in the work directory changes.
 """
 
 import ast
@@ -103,7 +104,13 @@ def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None 
     config.data.window = window
   if batch_size is not None:
     config.eval_batch_size = batch_size
+  trained_decay = config.get('ema_decay') or 0.0
   applied = apply_overrides(config, overrides)
+  if 'ema_decay' in applied and config.ema_decay and config.ema_decay != trained_decay:
+    kept = f'their average of decay {trained_decay}' if trained_decay else 'no average'
+    raise ValueError(f'--set=ema_decay={applied["ema_decay"]!r}: the checkpoints hold the '
+                     f'parameters and {kept}; only --set=ema_decay=0 (evaluate the parameters) '
+                     'changes the weights evaluated.')
   train_source, eval_source, _, task, model = loop.build_parts(config, workdir)
   example = task.preprocess(pipeline.read_batch(train_source, np.zeros(1, np.int64)))
   init = functools.partial(state_lib.init_variables, model, task, example_batch=example)
@@ -115,12 +122,15 @@ def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None 
     changes = ' and '.join(f'--set={key}={value!r}' for key, value in applied.items())
     raise ValueError(f'The checkpoint of {workdir!r} does not fit the model '
                      f'{"under " + changes if changes else "of its config"}: {mismatch}.')
+  if not config.get('ema_decay'):  # the run's, or the parameters asked for by --set
+    saved = {**saved, 'ema_params': None}
   state = state_lib.from_saved_arrays(saved)
   run = loop.Run(config=config, workdir=workdir, parallel=None, model=model, task=task, tx=None,
                  learning_rate_fn=None, init_fn=None, rng=None, train_source=None,
                  eval_source=eval_source, checkpointer=None)
   metrics = run.evaluate(jax.jit(run.eval_step_fn()), state)
-  record = {'step': int(saved['step']), 'window': config.data.get('window'), 'metrics': metrics}
+  record = {'step': int(saved['step']), 'window': config.data.get('window'), 'metrics': metrics,
+            'weights': 'params' if state.ema_params is None else 'ema'}
   if applied:
     record['overrides'] = applied
   return record

@@ -61,15 +61,12 @@ def test_the_model_that_fits_is_evaluated_and_appended(mlp_run):
   assert record['step'] == 2 and np.isfinite(record['metrics']['loss'])
 
 
-@pytest.mark.parametrize('batch_size', [60, 100])  # 100: the last batch is padded
-def test_the_metrics_are_those_of_the_checkpoint_on_every_test_image_once(mlp_run, batch_size):
-  # The MLP applied by hand, in float64, to the 360 test images (pixels / 16, flattened) with
-  # the checkpoint's parameters: mean −log softmax(logits)[label] and accuracy.
+def _by_hand(workdir, params):
+  """(mean −log softmax(logits)[label], accuracy) of the MLP applied by hand, in float64, to the
+  360 test images (pixels / 16, flattened) with `params`."""
   import data  # pylint: disable=g-import-not-at-top
-  from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
-  record = evaluate.evaluate(mlp_run, batch_size=batch_size)
-  params = checkpoint.restore_arrays(mlp_run)['params']
-  source = data.load('digits', 'test', data_dir=loop.read_config(mlp_run).data.data_dir)
+  from train import loop  # pylint: disable=g-import-not-at-top
+  source = data.load('digits', 'test', data_dir=loop.read_config(workdir).data.data_dir)
   x = np.stack([np.asarray(source[i]['image'], np.float64).reshape(-1) / 16
                 for i in range(len(source))])
   labels = np.array([int(source[i]['label']) for i in range(len(source))])
@@ -78,9 +75,43 @@ def test_the_metrics_are_those_of_the_checkpoint_on_every_test_image_once(mlp_ru
   logits = dense('Dense_1', np.maximum(dense('Dense_0', x), 0))
   top = logits.max(axis=1)
   nll = np.log(np.exp(logits - top[:, None]).sum(axis=1)) + top - logits[np.arange(360), labels]
-  assert record['metrics']['loss'] == pytest.approx(nll.mean(), rel=1e-5)
-  assert record['metrics']['accuracy'] == pytest.approx(np.mean(logits.argmax(axis=1) == labels),
-                                                        abs=1e-6)
+  return nll.mean(), np.mean(logits.argmax(axis=1) == labels)
+
+
+@pytest.mark.parametrize('batch_size', [60, 100])  # 100: the last batch is padded
+def test_the_metrics_are_those_of_the_checkpoint_on_every_test_image_once(mlp_run, batch_size):
+  from train import checkpoint  # pylint: disable=g-import-not-at-top
+  record = evaluate.evaluate(mlp_run, batch_size=batch_size)
+  loss, accuracy = _by_hand(mlp_run, checkpoint.restore_arrays(mlp_run)['params'])
+  assert record['metrics']['loss'] == pytest.approx(loss, rel=1e-5)
+  assert record['metrics']['accuracy'] == pytest.approx(accuracy, abs=1e-6)
+  assert record['weights'] == 'params'
+
+
+def test_the_average_is_evaluated_unless_ema_decay_is_set_to_0(mlp_run, tmp_path, data_dir):
+  # --set=ema_decay=0 was recorded as an override while the average was evaluated all the same,
+  # and a decay other than the run's named an average the checkpoints do not hold.
+  from train import checkpoint  # pylint: disable=g-import-not-at-top
+  config = digits_mlp.get_config()
+  config.data.data_dir = data_dir
+  config.model = ml_collections.ConfigDict({'name': 'mlp', 'features': (10, 10),
+                                            'dtype': 'float32'})
+  config.eval_batch_size, config.ema_decay = 120, 0.9
+  workdir = fake_runs.save_random_run(config, str(tmp_path / 'ema_run'))
+  saved = checkpoint.restore_arrays(workdir)
+  average, params = (_by_hand(workdir, saved[name]) for name in ('ema_params', 'params'))
+  assert average[0] != pytest.approx(params[0], rel=1e-3)
+  for overrides, weights, (loss, _) in (([], 'ema', average), (['ema_decay=0.9'], 'ema', average),
+                                        (['ema_decay=0'], 'params', params)):
+    record = evaluate.evaluate(workdir, overrides=overrides)
+    assert record['weights'] == weights
+    assert record['metrics']['loss'] == pytest.approx(loss, rel=1e-5)
+  assert _refusal(workdir, 'ema_decay=0.5') == (
+      '--set=ema_decay=0.5: the checkpoints hold the parameters and their average of decay 0.9; '
+      'only --set=ema_decay=0 (evaluate the parameters) changes the weights evaluated.')
+  assert _refusal(mlp_run, 'ema_decay=0.9') == (
+      '--set=ema_decay=0.9: the checkpoints hold the parameters and no average; only '
+      '--set=ema_decay=0 (evaluate the parameters) changes the weights evaluated.')
 
 
 def test_a_record_file_that_is_a_folder_is_refused_before_the_evaluation(tmp_path, monkeypatch):
