@@ -3,14 +3,14 @@ r"""Evaluates a trained run's latest checkpoint again, optionally under changed 
   python -m experiments.evaluate --workdir=workdirs/shakespeare_char_gpt_rotary [--window=256] \
       [--set=data.options.length=2048 --set=model.max_length=2048]
 
-Reads the run's `config.json` and newest good checkpoint (the parameter EMA when
-the run kept one; `--set=ema_decay=0` evaluates the parameters) and runs the run's own evaluation over its eval split. With
-`--window` the text windows have that many tokens instead of the trained
-context, e.g. twice the training length to see which position schemes
-extrapolate (Press et al. 2022). Each `--set=KEY=VALUE` replaces one value of the run's
-config (a dotted key that exists there; the value read as a Python literal, else as a
-string), e.g. a generated data set's length; one under which the model's parameters differ
-from the checkpoint's (a leaf missing, added, or of another shape or dtype) is refused
+Reads the run's `config.json` and newest good checkpoint (the parameter EMA when the run
+kept one; `--set=ema_decay=0` evaluates the parameters) and runs the run's own evaluation
+over its eval split. With `--window` the text windows have that many tokens instead of the
+trained context, e.g. twice the training length to see which position schemes extrapolate
+(Press et al. 2022). Each `--set=KEY=VALUE` replaces one value of the run's config (a
+dotted key that exists there; the value read as a Python literal, else as a string), e.g.
+a generated data set's length; one under which the model's parameters differ from the
+checkpoint's (a leaf missing, added, or of another shape or dtype) is refused
 before evaluating. Prints the metrics and appends them, with the window, the checkpoint
 step and the weights evaluated ('ema' or 'params'), to `<workdir>/evaluations.jsonl`; nothing
 else in the work directory changes.
