@@ -8,7 +8,8 @@ Modes (`config.parallel.mode`):
   'shard_map'  `shard_map` with an explicit `psum` of the gradient and metric
                sums, divided once by the global weight, and `pmean` of batch
                statistics (per-device view of the batch);
-  'pmap'       `pmap` over the local devices, same explicit collectives;
+  'pmap'       `pmap` over the mesh's devices (each process feeds its own), same
+               explicit collectives;
   'tensor'     Megatron-style tensor parallelism (Shoeybi et al. 2019): `jit` on a
                2-D mesh ('data', 'model') of data × `model_parallelism` devices.
                The batch is split over 'data'; each parameter is split by the
@@ -295,8 +296,10 @@ class Parallel:
     In 'tensor' mode the step traces, and runs, inside `self.context()`.
     """
     if self.mode == 'pmap':
+      # Every device of the mesh, the same list in every process (JAX's rule for `devices`):
+      # with only its own, each process would reduce over its own devices and train apart.
       step = jax.pmap(functools.partial(train_step, axis_name=AXIS), axis_name=AXIS,
-                      devices=self.local_devices, donate_argnums=0)
+                      devices=list(self.mesh.devices.flat), donate_argnums=0)
       return lambda state, batch: _first_replica_metrics(*step(state, batch))
     shardings = self._step_shardings(abstract_state)
     if self.mode == 'shard_map':

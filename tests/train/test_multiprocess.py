@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.subprocess_util import REPO_ROOT
 
@@ -40,24 +41,29 @@ def _curve(workdir, split='train'):
   return {r['step']: r['loss'] for r in rows if r['split'] == split}
 
 
-def test_two_processes_match_one(tmp_path):
+# Under pmap every process maps the step over every device of the run (not only its own), so
+# the gradients are summed over both processes' examples.
+@pytest.mark.parametrize('mode', ['jit', 'pmap'])
+def test_two_processes_match_one(tmp_path, mode):
   data_dir = str(tmp_path / 'data')
   import data  # pylint: disable=g-import-not-at-top
   data.load('digits', 'train', data_dir=data_dir)  # prepare once, before both processes read it
   data.load('digits', 'test', data_dir=data_dir)
 
   single = str(tmp_path / 'single')
-  subprocess.run(_command(single, data_dir), env=_env(), cwd=REPO_ROOT, check=True,
+  mode_flag = f'--config.parallel.mode={mode}'
+  subprocess.run(_command(single, data_dir, mode_flag), env=_env(), cwd=REPO_ROOT, check=True,
                  capture_output=True, timeout=600)
 
   multi = str(tmp_path / 'multi')
   address = f'127.0.0.1:{_free_port()}'
   # Process 0 joins through flags, process 1 through the environment.
   launches = [
-      (_command(multi, data_dir, f'--coordinator_address={address}', '--num_processes=2',
-                '--process_id=0'), _env()),
-      (_command(multi, data_dir), {**_env(), 'JAX_COORDINATOR_ADDRESS': address,
-                                   'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': '1'}),
+      (_command(multi, data_dir, mode_flag, f'--coordinator_address={address}',
+                '--num_processes=2', '--process_id=0'), _env()),
+      (_command(multi, data_dir, mode_flag),
+       {**_env(), 'JAX_COORDINATOR_ADDRESS': address, 'JAX_NUM_PROCESSES': '2',
+        'JAX_PROCESS_ID': '1'}),
   ]
   processes = [subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
