@@ -74,7 +74,7 @@ def make_mesh(num_devices: int | None = None, model_parallelism: int | None = No
 
   1-D with axis 'data', or, given `model_parallelism` (the 'tensor' mode), 2-D
   ('data', 'model') of shape (num_devices / model_parallelism, model_parallelism);
-  the devices of one model group are neighbours in `jax.make_mesh`'s order.
+  the devices of one model group are neighbours in `jax.make_mesh`'s order, and in one process.
   """
   devices = jax.devices()
   if num_devices is not None:
@@ -92,8 +92,15 @@ def make_mesh(num_devices: int | None = None, model_parallelism: int | None = No
     raise ValueError(f'parallel.model_parallelism={model_parallelism!r} must be a positive '
                      f'integer that divides the {len(devices)} devices.')
   shape = (len(devices) // model_parallelism, model_parallelism)
-  return jax.make_mesh(shape, (AXIS, MODEL_AXIS), axis_types=(AxisType.Auto,) * 2,
+  mesh = jax.make_mesh(shape, (AXIS, MODEL_AXIS), axis_types=(AxisType.Auto,) * 2,
                        devices=devices)
+  # Each process reads its own examples (data.pipeline), so a model group, which must see the
+  # same ones, cannot span processes.
+  if any(len({d.process_index for d in row}) > 1 for row in mesh.devices):
+    raise ValueError(f'parallel.model_parallelism={model_parallelism} puts the devices of '
+                     'several processes in one model group; in a multi-process run it must '
+                     f'divide the {jax.local_device_count()} devices of each process.')
+  return mesh
 
 
 def check_rules(rules) -> tuple:

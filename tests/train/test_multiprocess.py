@@ -81,3 +81,24 @@ def test_two_processes_match_one(tmp_path, mode):
   assert one[_STEPS] < 0.5 * one[1]  # the curve is a real training curve
   np.testing.assert_allclose(_curve(multi, 'eval')[_STEPS], _curve(single, 'eval')[_STEPS],
                              rtol=1e-4)
+
+
+def test_a_model_group_spanning_two_processes_is_refused_in_one_sentence(tmp_path):
+  # Each process reads its own examples, so 'tensor' on a 1 x 4 mesh over two processes of two
+  # devices would feed one model group two different halves of the batch (each process ran its
+  # own model and they disagreed).
+  address = f'127.0.0.1:{_free_port()}'
+  env = {**_env(), 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  processes = [subprocess.Popen(
+      _command(str(tmp_path / 'w'), str(tmp_path / 'data'), '--config.parallel.mode=tensor',
+               '--config.parallel.model_parallelism=4', f'--coordinator_address={address}',
+               '--num_processes=2', f'--process_id={i}'),
+      env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  for p in processes:
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 1, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        'error: parallel.model_parallelism=4 puts the devices of several processes in one model '
+        'group; in a multi-process run it must divide the 2 devices of each process.')
+  assert not (tmp_path / 'w').exists()
