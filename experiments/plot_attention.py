@@ -68,6 +68,7 @@ def row_labels(tokens) -> list[str]:
 def plot(workdir: str, indices: list[int], output: str) -> list[str]:
   """Writes the figure of the run in `workdir`; returns 'source → decoded' lines."""
   from data import pipeline  # pylint: disable=g-import-not-at-top
+  from models.sequence import rnn_models  # pylint: disable=g-import-not-at-top
   from train import checkpoint, loop
   from train.tasks import seq2seq
 
@@ -75,6 +76,16 @@ def plot(workdir: str, indices: list[int], output: str) -> list[str]:
   _, eval_source, _, task, module = loop.build_parts(config, workdir)
   if not isinstance(task, seq2seq.Seq2Seq) or not task.source_length_key:
     raise ValueError(f'The run in {workdir} is not a sequence-to-sequence run over text sources.')
+  # Only the recurrent encoder–decoder records its weights (a Transformer's are not recorded).
+  name = type(module).__name__
+  if not isinstance(module, rnn_models.Seq2Seq):
+    raise ValueError(f'The model {name} of the run in {workdir!r} has no attention to plot: this '
+                     "script draws the weights that model 'seq2seq' with config.model.attention="
+                     f"'dot' or 'additive' records; a {name} records none.")
+  if module.attention == 'none':
+    raise ValueError(f'The model {name} of the run in {workdir!r} has no attention to plot '
+                     "(config.model.attention='none'); train one with config.model.attention="
+                     "'dot' or 'additive'.")
   bad = [i for i in indices if not 0 <= i < len(eval_source)]
   if bad:
     raise ValueError(f'--indices {bad} are outside the eval split, which has {len(eval_source)} '

@@ -123,3 +123,31 @@ def test_each_row_is_labelled_with_the_token_decoded_there(attention_run, tmp_pa
     assert ax.images[0].get_array().shape[0] == len(labels)
     assert [t.get_text() for t in ax.get_yticklabels()] == labels
     assert list(ax.get_yticks()) == list(range(len(labels)))
+
+
+def test_a_model_that_records_no_weights_is_refused_before_the_checkpoint_is_read(
+    tmp_path_factory, data_dir, tmp_path, monkeypatch):
+  # A Transformer encoder–decoder was decoded, then refused with the advice to set
+  # config.model.attention='dot' or 'additive', options of the recurrent model only.
+  from experiments.configs import dates_transformer  # pylint: disable=g-import-not-at-top
+  from train import checkpoint  # pylint: disable=g-import-not-at-top
+  config = dates_transformer.get_config()
+  config.data.data_dir = data_dir
+  config.model.update({'num_layers': 1, 'features': 8, 'num_heads': 2, 'mlp_dim': 16})
+  config.global_batch_size, config.eval_batch_size, config.optimizer.warmup_steps = 4, 4, 0
+  workdir = fake_runs.save_random_run(ml_collections.ConfigDict(config.to_dict()),
+                                      str(tmp_path_factory.mktemp('dates_transformer')))
+  plain = _run(tmp_path_factory, data_dir, 'none')
+  monkeypatch.setattr(checkpoint, 'restore_arrays', lambda *a: pytest.fail('read'))
+  with pytest.raises(ValueError) as info:
+    plot_attention.plot(workdir, [0], str(tmp_path / 'a.png'))
+  assert_one_sentence(str(info.value), (
+      f"The model TransformerSeq2Seq of the run in {workdir!r} has no attention to plot: this "
+      "script draws the weights that model 'seq2seq' with config.model.attention='dot' or "
+      "'additive' records; a TransformerSeq2Seq records none."))
+  with pytest.raises(ValueError) as info:
+    plot_attention.plot(plain, [0], str(tmp_path / 'b.png'))
+  assert_one_sentence(str(info.value), (
+      f"The model Seq2Seq of the run in {plain!r} has no attention to plot "
+      "(config.model.attention='none'); train one with config.model.attention='dot' or "
+      "'additive'."))
