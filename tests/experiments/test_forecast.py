@@ -167,3 +167,15 @@ def test_train_split_origins_leave_room_for_the_window_and_the_season(config, wi
   values, origins = forecast.forecast_origins(config, meta, 6, 'train')
   assert len(values) == 526
   assert origins.tolist() == list(range(first, 422 - 6))
+
+
+def test_a_record_file_that_is_a_folder_stops_before_training(config, tmp_path, monkeypatch):
+  # It was an IsADirectoryError traceback after training and forecasting, leaving a .tmp file.
+  workdir = tmp_path / 'run'
+  (workdir / forecast.OUTPUT_FILE).mkdir(parents=True)
+  monkeypatch.setattr(forecast, 'train', lambda *a, **k: pytest.fail('trained'))
+  with pytest.raises(SystemExit) as info:
+    forecast.run(config, str(workdir))
+  assert str(info.value) == (f"error: '{workdir / forecast.OUTPUT_FILE}', the file the record is "
+                             'written to, is a folder.')
+  assert os.listdir(workdir) == [forecast.OUTPUT_FILE]
