@@ -318,3 +318,13 @@ def test_cold_restorations_of_other_weights_or_counts_keep_their_own_figures(tmp
   assert drawn == [f'cold_restore_{t}_{w}_n{n}.png' for t in (2, 4)
                    for w, n in (('ema', 5), ('ema', 6), ('params', 5))]
   assert errors['ema', 5] != errors['params', 5]
+
+
+def test_a_row_file_that_is_a_folder_is_refused_before_anything_loads(tmp_path, monkeypatch):
+  # It was an IsADirectoryError traceback after the samples were drawn and measured.
+  (tmp_path / generative_metrics.OUTPUT_FILE).mkdir()
+  monkeypatch.setattr(generative_metrics, '_load', lambda *a, **k: pytest.fail('loaded'))
+  one_sentence(lambda: generative_metrics.measure(
+      classifier=str(tmp_path), workdir=None, sampler='data', steps=0, num_samples=8,
+      batch_size=8, seed=0), f"'{tmp_path / generative_metrics.OUTPUT_FILE}', the file the row is "
+      'appended to, is a folder.')
