@@ -185,3 +185,14 @@ def test_each_panel_counts_the_samples_outside_the_square_it_shows(tmp_path, mon
   assert titles == ['test points (2)', 'pc (5, 3 outside the square shown)', 'ode (2)',
                     'annealed_langevin']
   assert os.path.getsize(tmp_path / 'samples.png') > 1000
+
+
+def test_a_report_file_that_is_a_folder_is_refused_before_the_run_is_read(tmp_path,
+                                                                         monkeypatch):
+  # It was an IsADirectoryError traceback after every sampler and likelihood had run.
+  (tmp_path / md.OUTPUT_FILE).mkdir()
+  monkeypatch.setattr(md, '_load', lambda *a, **k: pytest.fail('read'))
+  with pytest.raises(SystemExit) as info:
+    md.run(str(tmp_path))
+  assert info.value.code == (f"error: '{tmp_path / md.OUTPUT_FILE}', the file the report is "
+                             'written to, is a folder.')
