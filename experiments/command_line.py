@@ -211,6 +211,16 @@ def output_file(path: str, flag: str, *, figure: bool = True) -> str:
   return path
 
 
+def record_file(folder: str, name: str, role: str) -> str:
+  """The absolute path of the file `name` in `folder` that a script `role`s (e.g. 'appends
+  its record to'), checked before any work is done: a folder there is a ValueError in one
+  sentence, found before the work rather than after it."""
+  path = os.path.join(os.path.abspath(folder), name)
+  if os.path.isdir(path):
+    raise ValueError(f'{path!r}, the file {role}, is a folder.')
+  return path
+
+
 def work_directory(path: str) -> str:
   """The absolute `path` of a work directory, checked before any work is done as a folder
   that can be written or created (train/loop.py: check_workdir), or UsageError in one

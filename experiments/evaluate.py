@@ -143,9 +143,8 @@ def run(workdir: str | None, *, window: int | None = None, batch_size: int | Non
   try:
     if not workdir:
       raise ValueError('--workdir must name the work directory of a trained run.')
-    path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
-    if os.path.isdir(path):  # found before the evaluation, not after it
-      raise ValueError(f'{path!r}, the file the record is appended to, is a folder.')
+    from experiments import command_line  # pylint: disable=g-import-not-at-top
+    command_line.record_file(workdir, OUTPUT_FILE, 'the record is appended to')
     record = evaluate(workdir, window=window, batch_size=batch_size, overrides=overrides)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')

@@ -210,9 +210,7 @@ def run(config, workdir: str, *, num_steps: int = 24, figure: str | None = None,
   figure = figure or os.path.join(workdir, 'forecast.png')
   try:
     command_line.output_file(figure, 'figure')
-    record_path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
-    if os.path.isdir(record_path):  # found before training, not after it
-      raise ValueError(f'{record_path!r}, the file the record is written to, is a folder.')
+    command_line.record_file(workdir, OUTPUT_FILE, 'the record is written to')
     # Whether the config forecasts and the test split holds a forecast, before training.
     forecast_origins(config, loop.build_parts(config, workdir)[2], num_steps)
     final = train(config, workdir, allow_config_change=allow_config_change)

@@ -401,9 +401,8 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
                      f'be ≥ 0 and --likelihood_steps={likelihood_steps} ≥ 1.')
   if (sampler == 'data') != (not workdir):
     raise ValueError('--sampler=data takes no --workdir; every other sampler needs one.')
-  record_path = os.path.join(os.path.abspath(workdir or classifier or '.'), OUTPUT_FILE)
-  if os.path.isdir(record_path):  # found before the samples are drawn, not after
-    raise ValueError(f'{record_path!r}, the file the row is appended to, is a folder.')
+  from experiments import command_line  # pylint: disable=g-import-not-at-top
+  command_line.record_file(workdir or classifier or '.', OUTPUT_FILE, 'the row is appended to')
   (_, c_train, c_eval, c_task, c_module, c_variables, _, _) = _load(
       classifier, 'classifier', task_name='classification')
   if num_samples > len(c_eval):

@@ -402,9 +402,7 @@ def run(workdir: str | None, *, num_samples: int = 2000, seed: int = 0,
       raise ValueError('--workdir must name the work directory of a trained score_sde run.')
     if figure:
       command_line.output_file(figure, 'figure')
-    record_path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
-    if os.path.isdir(record_path):  # found before the report, not after it
-      raise ValueError(f'{record_path!r}, the file the report is written to, is a folder.')
+    command_line.record_file(workdir, OUTPUT_FILE, 'the report is written to')
     loaded = _load(workdir)
     start = time.perf_counter()
     result = report(loaded['score_fn'], loaded['sde'], loaded['mixture'], loaded['test_points'],

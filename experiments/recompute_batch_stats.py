@@ -110,9 +110,8 @@ def run(workdir: str | None, *, examples: int | None = None, max_passes: int | N
   try:
     if not workdir:
       raise ValueError('--workdir must name the work directory of a trained run.')
-    path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
-    if os.path.isdir(path):  # found before the recomputation, not after it
-      raise ValueError(f'{path!r}, the file the record is appended to, is a folder.')
+    from experiments import command_line  # pylint: disable=g-import-not-at-top
+    command_line.record_file(workdir, OUTPUT_FILE, 'the record is appended to')
     record = recompute(workdir, examples=examples, max_passes=max_passes, batch_size=batch_size)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')
