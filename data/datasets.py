@@ -50,8 +50,9 @@ Preparing a local data set prints one line on stderr,
 
 and nothing else: TFDS's banners, progress bars and warnings are held back
 while it runs. Preparations of one data set take turns (a file lock beside its
-versions), so processes started together prepare it once; folders an
-interrupted preparation left behind are removed first.
+versions), so processes started together prepare it once (one naming other files
+than those it was prepared from is refused, as above); folders an interrupted
+preparation left behind are removed first.
 """
 
 import contextlib
@@ -136,7 +137,9 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
   if not _is_prepared(builder):
     _prepare(name, builder, source_dir)
     _check_split(name, split, _known_splits(builder))
-  elif name in LOCAL_BUILDERS and sources.reads_local_files(type(builder)):
+  # Also after preparing: another process may have prepared it, from its own files, while
+  # this one waited for the lock.
+  if name in LOCAL_BUILDERS and sources.reads_local_files(type(builder)):
     sources.check_record(name, builder.data_dir, type(builder), source_dir)
   if builder.info.splits[split].num_examples == 0:
     raise ValueError(f'Split {split!r} of data set {name!r} holds no examples.')

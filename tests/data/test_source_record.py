@@ -67,3 +67,26 @@ def test_a_data_set_prepared_without_a_record_is_read_as_before(tmp_path):
   os.remove(records[0])
   again = datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=other)
   assert again[0] == train[0]
+
+
+def test_files_differing_from_those_another_process_prepared_from_meanwhile_are_refused(
+    tmp_path, monkeypatch):
+  # A process that finds the data set unprepared waits for the preparation lock; another
+  # process prepares it from its own files meanwhile (here: before this load).
+  first = _folder(tmp_path / 'first', TEXT)
+  other = _folder(tmp_path / 'other', TEXT.replace('Citizen', 'Senator'))
+  data_dir = tmp_path / 'tfds'
+  datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=first)
+  prepared = _files(data_dir)
+  seen = []
+  real_is_prepared = datasets._is_prepared
+
+  def prepared_only_after_the_wait(builder):
+    seen.append(builder)
+    return len(seen) > 1 and real_is_prepared(builder)
+
+  monkeypatch.setattr(datasets, '_is_prepared', prepared_only_after_the_wait)
+  with pytest.raises(ValueError) as error:  # it used to return the Citizen text
+    datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=other)
+  assert_one_sentence(str(error.value), "'tiny_shakespeare'", str(other), 'given by source_dir')
+  assert len(seen) == 2 and _files(data_dir) == prepared
