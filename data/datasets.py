@@ -141,7 +141,8 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
   # this one waited for the lock.
   if name in LOCAL_BUILDERS and sources.reads_local_files(type(builder)):
     sources.check_record(name, builder.data_dir, type(builder), source_dir)
-  if builder.info.splits[split].num_examples == 0:
+  # TFDS counts a slice that ends before it starts ('train[5:2]') as negative.
+  if builder.info.splits[split].num_examples <= 0:
     raise ValueError(f'Split {split!r} of data set {name!r} holds no examples.')
   return builder.as_data_source(split=split)
 

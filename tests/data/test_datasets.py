@@ -353,6 +353,16 @@ def test_split_expressions_over_known_splits_and_all_are_read(tmp_path):
   assert_one_sentence(str(error.value), "'tset'", 'train, test')
 
 
+def test_slices_that_select_no_examples_are_refused_in_one_sentence(tmp_path):
+  # TFDS counts a slice ending before its start as negative: 'train[5:2]' used to fail
+  # with "__len__() should return >= 0" from the first len() of the source.
+  for split in ('train[:0]', 'train[5:2]', 'test[-1:-3]', 'train[10%:5%]'):
+    with pytest.raises(ValueError) as error:
+      datasets.load('digits', split, data_dir=tmp_path)
+    assert_one_sentence(str(error.value), repr(split), "'digits'", 'holds no examples')
+  assert len(datasets.load('digits', 'train[2:5]', data_dir=tmp_path)) == 3
+
+
 def test_download_hosts_are_the_recorded_urls_hosts_with_their_scheme_ports():
   class Builder:
     url_infos = {'http://example.org/a.tgz': None, 'ftp://ftp.example.net/b': None,
