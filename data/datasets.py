@@ -125,7 +125,8 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
 
   Raises:
     ValueError: unknown data set or split, a split with no examples, or a data
-      directory that cannot be a folder (it, or a parent of it, is a file).
+      directory that cannot be a folder (it, or a parent of it, is a file), or a
+      file where the data set's folder in it goes.
     TypeError: an option the data set does not take.
     FileNotFoundError: the data set is not prepared and cannot be obtained.
   """
@@ -198,6 +199,20 @@ def _check_data_dir(data_dir: str, origin: str) -> None:
                      f'{existing} is a file; give {origin} a folder to keep data sets in.')
 
 
+def _check_version_dir(name: str, version_dir: str) -> None:
+  """ValueError in one sentence if `version_dir`, where `name` is to be prepared, or the
+  nearest of its parents that exists is a file."""
+  if '://' in version_dir:
+    return
+  existing = version_dir
+  while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ValueError(f"Data set '{name}' cannot be prepared in {version_dir}, as {existing} is "
+                     f'a file; move that file away or give data_dir= (or ${DATA_DIR_ENV_VAR}) '
+                     f'another folder.')
+
+
 def _known_splits(builder) -> tuple[str, ...]:
   return tuple(builder.info.splits) or tuple(getattr(builder, 'SPLITS', ()))
 
@@ -221,6 +236,7 @@ def _is_prepared(builder) -> bool:
 
 
 def _prepare(name: str, builder, source_dir) -> None:
+  _check_version_dir(name, builder.data_dir)
   if name in LOCAL_BUILDERS:
     config = None
     if sources.reads_local_files(type(builder)):

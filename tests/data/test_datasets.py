@@ -339,6 +339,19 @@ def test_a_data_directory_inside_a_file_is_refused_naming_it(tmp_path, monkeypat
   assert file.read_text() == ''
 
 
+@pytest.mark.parametrize('file_at', ['jaxlab_digits', 'jaxlab_digits/1.0.0'])
+def test_a_file_where_the_data_set_s_folder_goes_is_refused_and_kept(tmp_path, file_at):
+  # It used to be a FileExistsError traceback (jaxlab_digits), or a preparation of 0
+  # examples followed by a KeyError on the split (1.0.0).
+  file = tmp_path / file_at
+  file.parent.mkdir(parents=True, exist_ok=True)
+  file.write_text('mine')
+  with pytest.raises(ValueError) as error:
+    datasets.load('digits', 'train', data_dir=tmp_path)
+  assert_one_sentence(str(error.value), "'digits'", f'{file} is a file', 'data_dir=')
+  assert file.read_text() == 'mine'
+
+
 def test_unknown_name(tmp_path):
   with pytest.raises(ValueError) as error:
     datasets.load('no_such_data_set', 'train', data_dir=tmp_path)
