@@ -263,6 +263,8 @@ def _read(path, expected_type: str | None = None) -> dict:
     raise _invalid(path, f'it is not UTF-8 JSON ({error})') from None
   except RecursionError:
     raise _invalid(path, 'it nests deeper than any tokenizer file') from None
+  except IsADirectoryError:
+    raise _invalid(path, 'it is a folder, not a file') from None
   if not isinstance(payload, dict) or payload.get('format') != FORMAT:
     found = payload.get('format') if isinstance(payload, dict) else type(payload).__name__
     raise _invalid(path, f'its format is {found!r}, not {FORMAT!r}')

@@ -170,6 +170,16 @@ def test_mismatched_tokenizer_file_is_refused_and_kept(tmp_path, saved, asked, p
     assert f.read() == before
 
 
+def test_a_folder_at_the_tokenizer_file_is_refused_in_one_sentence_and_kept(tmp_path):
+  # It used to be an IsADirectoryError traceback.
+  path = tmp_path / 'tokenizer.json'
+  (path / 'inside').mkdir(parents=True)
+  with pytest.raises(ValueError) as error:
+    text.load_or_train_tokenizer(str(path), 'char', NON_ASCII)
+  assert_one_sentence(str(error.value), str(path), 'is a folder')
+  assert [p.name for p in path.iterdir()] == ['inside']
+
+
 def test_crash_while_saving_leaves_no_tokenizer_file(tmp_path, monkeypatch):
   def crash(self, path):
     with open(path, 'w') as f:
