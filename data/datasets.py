@@ -104,6 +104,11 @@ _FALLBACK_HOSTS = (('storage.googleapis.com', 443),)
 _MAX_PROBED_HOSTS = 4
 
 
+class OptionError(TypeError, ValueError):
+  """An option a data set does not take: a TypeError for callers of `load`, and a ValueError
+  like every other wrong value of a config, so a run reports it in one sentence."""
+
+
 def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
          **options) -> Sequence[dict]:
   """The random-access source of `split` of data set `name`, prepared if need be.
@@ -127,12 +132,13 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
     ValueError: unknown data set or split, a split with no examples, or a data
       directory that cannot be a folder (it, or a parent of it, is a file), or a
       file where the data set's folder in it goes.
-    TypeError: an option the data set does not take.
+    OptionError (a TypeError and a ValueError): an option the data set does not take.
     FileNotFoundError: the data set is not prepared and cannot be obtained.
   """
   source_dir = options.pop('source_dir', None) if name in LOCAL_BUILDERS else None
   if source_dir is not None and not sources.reads_local_files(LOCAL_BUILDERS[name]):
-    raise TypeError(f"Data set '{name}' is generated, not read from files: it takes no source_dir.")
+    raise OptionError(f"Data set '{name}' is generated, not read from files: it takes no "
+                      'source_dir.')
   builder = make_builder(name, data_dir=data_dir, **options)
   _check_split(name, split, _known_splits(builder))
   if not _is_prepared(builder):
@@ -176,9 +182,9 @@ def make_builder(name: str, *, data_dir: str | os.PathLike | None = None,
     allowed = getattr(LOCAL_BUILDERS[name], 'OPTIONS', ())
     unknown = sorted(set(options) - set(allowed))
     if unknown and not allowed:
-      raise TypeError(f"Data set '{name}' takes no options {sorted(options)}.")
+      raise OptionError(f"Data set '{name}' takes no options {sorted(options)}.")
     if unknown:
-      raise TypeError(f"Data set '{name}' takes no option {unknown[0]!r}; its options are: "
+      raise OptionError(f"Data set '{name}' takes no option {unknown[0]!r}; its options are: "
                       f'{", ".join(allowed)}.')
     return LOCAL_BUILDERS[name](data_dir=data_dir, file_format='array_record', **options)
   try:

@@ -16,10 +16,12 @@ import socket
 import struct
 import time
 
+import ml_collections
 import numpy as np
 import pytest
 
 from data import datasets
+from data import inputs
 from data.builders import fashion_mnist
 from data.builders import mnist1d
 from data.builders import tiny_shakespeare
@@ -350,6 +352,27 @@ def test_a_file_where_the_data_set_s_folder_goes_is_refused_and_kept(tmp_path, f
     datasets.load('digits', 'train', data_dir=tmp_path)
   assert_one_sentence(str(error.value), "'digits'", f'{file} is a file', 'data_dir=')
   assert file.read_text() == 'mine'
+
+
+@pytest.mark.parametrize('name, options, parts', [
+    ('digits', {'source_dir': '/tmp'}, ["'digits'", 'no source_dir']),
+    ('gaussian_mixture', {'mixture': 'ring', 'size': 3}, ["'size'", 'mixture']),
+    ('mnist1d', {'length': 40}, ["'mnist1d'", "['length']"]),
+    ('tiny_shakespeare', {'length': 40}, ["'tiny_shakespeare'", "['length']"]),
+])
+def test_an_option_a_data_set_does_not_take_is_a_value_error_of_a_config(
+    tmp_path, name, options, parts):
+  # A run reports a config's ValueErrors in one sentence; these were TypeErrors only, so
+  # `--config.data.options=...` with a wrong key ended in a traceback.
+  config = ml_collections.ConfigDict({
+      'name': name, 'train_split': 'train', 'eval_split': 'test', 'data_dir': str(tmp_path),
+      'options': options, 'tokenizer': 'char' if name == 'tiny_shakespeare' else None,
+      'window': 8})
+  with pytest.raises(ValueError) as error:
+    inputs.make_sources(config, str(tmp_path / 'workdir'))
+  assert_one_sentence(str(error.value), *parts)
+  assert isinstance(error.value, TypeError)  # as it was for callers of data.load
+  assert not (tmp_path / 'workdir').exists()
 
 
 def test_unknown_name(tmp_path):
