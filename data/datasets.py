@@ -278,8 +278,6 @@ def _prepare_local(name: str, builder, download_config) -> None:
     except BaseException:
       print('failed', file=sys.stderr, flush=True)  # the error's own line follows
       raise
-    if download_config is not None:
-      sources.write_record(builder.data_dir, type(builder), os.fspath(download_config.manual_dir))
     examples = sum(split.num_examples for split in builder.info.splits.values())
     print(f'done ({examples:,} examples, {time.perf_counter() - start:.1f} s)', file=sys.stderr,
           flush=True)

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from data import idx
+from data.builders import sources
 
 LABEL_NAMES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal',
                'Shirt', 'Sneaker', 'Bag', 'Ankle boot')
@@ -56,6 +57,7 @@ class FashionMnist(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager):
     folder = os.fspath(dl_manager.manual_dir)
+    sources.write_record(self.data_dir, type(self), folder)  # renamed into place with the data
     return {split: self._generate_examples(*(os.path.join(folder, f) for f in files))
             for split, files in SPLIT_FILES.items()}
 

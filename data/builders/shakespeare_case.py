@@ -21,6 +21,7 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
+from data.builders import sources
 from data.builders import tiny_shakespeare
 
 PIECE_LENGTH = 64
@@ -51,6 +52,8 @@ class ShakespeareCase(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     )
 
   def _split_generators(self, dl_manager):
+    # Written in the folder TFDS renames into place once the data is, so never one without it.
+    sources.write_record(self.data_dir, type(self), os.fspath(dl_manager.manual_dir))
     path = os.path.join(dl_manager.manual_dir, 'input.txt')
     text = tiny_shakespeare.read_utf8(path, 'shakespeare_case')
     if not text.isascii():

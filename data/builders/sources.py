@@ -8,6 +8,8 @@ folder that holds every file.
 The prepared data set keeps the SHA-256 of each file it was prepared from
 (`SOURCE_RECORD` in its folder), so that a later call naming a folder whose files
 differ is refused rather than silently served the data set prepared from the others.
+Each builder writes it from its `_split_generators`, into the folder TFDS renames into
+place with the data, so a preparation stopped at any point leaves no data set without it.
 """
 
 import hashlib

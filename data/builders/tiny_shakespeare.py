@@ -11,6 +11,8 @@ import os
 
 import tensorflow_datasets as tfds
 
+from data.builders import sources
+
 
 
 def read_utf8(path: str, name: str) -> str:
@@ -50,6 +52,8 @@ class TinyShakespeare(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     )
 
   def _split_generators(self, dl_manager):
+    # Written in the folder TFDS renames into place once the data is, so never one without it.
+    sources.write_record(self.data_dir, type(self), os.fspath(dl_manager.manual_dir))
     text = read_utf8(os.path.join(dl_manager.manual_dir, 'input.txt'), 'tiny_shakespeare')
     pieces = split_text(text)
     return {name: self._generate_examples(name, text) for name, text in pieces.items()}

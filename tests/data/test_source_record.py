@@ -90,3 +90,30 @@ def test_files_differing_from_those_another_process_prepared_from_meanwhile_are_
     datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=other)
   assert_one_sentence(str(error.value), "'tiny_shakespeare'", str(other), 'given by source_dir')
   assert len(seen) == 2 and _files(data_dir) == prepared
+
+
+def test_a_preparation_stopped_once_its_folder_is_in_place_still_keeps_its_record(
+    tmp_path, monkeypatch):
+  # A kill right after TFDS renamed the prepared folder into place used to leave it without
+  # its record, so files named later were no longer compared and other text was served.
+  from data.builders import tiny_shakespeare  # pylint: disable=g-import-not-at-top
+  first = _folder(tmp_path / 'first', TEXT)
+  other = _folder(tmp_path / 'other', TEXT.replace('Citizen', 'Senator'))
+  data_dir = tmp_path / 'tfds'
+  prepare = tiny_shakespeare.TinyShakespeare.download_and_prepare
+
+  def prepare_then_stop(self, *args, **kwargs):
+    prepare(self, *args, **kwargs)
+    raise KeyboardInterrupt  # as a kill would, before anything after it runs
+
+  monkeypatch.setattr(tiny_shakespeare.TinyShakespeare, 'download_and_prepare',
+                      prepare_then_stop)
+  with pytest.raises(KeyboardInterrupt):
+    datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=first)
+  monkeypatch.setattr(tiny_shakespeare.TinyShakespeare, 'download_and_prepare', prepare)
+  assert len(list(data_dir.rglob(sources.SOURCE_RECORD))) == 1
+  with pytest.raises(ValueError) as error:
+    datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=other)
+  assert_one_sentence(str(error.value), "'tiny_shakespeare'", str(other), 'given by source_dir')
+  train = datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=first)
+  assert train[0]['text'].decode('utf-8') == TEXT[:len(train[0]['text'])]
