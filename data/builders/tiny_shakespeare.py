@@ -14,7 +14,6 @@ import tensorflow_datasets as tfds
 from data.builders import sources
 
 
-
 def read_utf8(path: str, name: str) -> str:
   """The UTF-8 text of `path`, every character as written (no newline translation, so counts
   are the file's), or ValueError naming data set `name`, the file and the first invalid byte
