@@ -25,7 +25,7 @@ _TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Softmax temperature; 0 is
 _TOP_K = flags.DEFINE_integer('top_k', 0, 'Keep the k most probable tokens (0: all).')
 _TOP_P = flags.DEFINE_float('top_p', 1.0, 'Keep the smallest set with this much mass (1: all).')
 _NUM_SAMPLES = flags.DEFINE_integer('num_samples', 1, 'Independent samples.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Random seed of the samples.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Random seed of the samples, in [0, 2**32).')
 _OUTPUT = flags.DEFINE_string('output', None, 'File to write (default: under <workdir>/samples).')
 flags.mark_flags_as_required(['workdir'])
 
@@ -56,6 +56,9 @@ def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, to
   if num_tokens < 1 or num_samples < 1:
     raise ValueError(f'--num_tokens and --num_samples must be positive, got {num_tokens} and '
                      f'{num_samples}.')
+  if not 0 <= seed < 2**32:
+    # PRNGKey keeps the low 32 bits: seed 2**32 + s would draw what s draws.
+    raise ValueError(f'--seed must lie in [0, 2**32), the seeds of distinct samples, got {seed}.')
   try:
     prompt_ids = tokenizer.encode(prompt)
   except ValueError as e:

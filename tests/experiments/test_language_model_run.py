@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from experiments.configs import shakespeare_char_conv
-from tests.messages import assert_one_sentence
+from tests.messages import assert_one_sentence, one_sentence
 from tests.subprocess_util import REPO_ROOT
 from train import loop
 
@@ -173,3 +173,18 @@ def test_sampling_refuses_a_run_of_token_records_for_what_it_is(tmp_path):
       f"error: The run in '{tmp_path}' reads the token records of data set 'associative_recall' "
       "(data.tokenizer='dataset'), which have no text tokenizer to encode a prompt; only a run "
       "with data.tokenizer 'char' or 'byte_bpe' continues text.")
+
+
+@pytest.mark.parametrize('seed', [-1, 2**32, 2**64])
+def test_sampling_refuses_a_seed_outside_32_bits(seed, tmp_path):
+  # Seed 2**32 drew what seed 0 draws (a key keeps the low 32 bits), -1 what 2**32 - 1 draws,
+  # and 2**64 was an OverflowError traceback.
+  import jax  # pylint: disable=g-import-not-at-top
+  from data import tokenizers  # pylint: disable=g-import-not-at-top
+  from experiments import sample  # pylint: disable=g-import-not-at-top
+  assert (jax.random.PRNGKey(2**32) == jax.random.PRNGKey(0)).all()
+  (tmp_path / 'config.json').write_text(shakespeare_char_conv.get_config().to_json())
+  tokenizers.CharTokenizer(list('\n :ABMOR')).save(str(tmp_path / 'tokenizer.json'))
+  one_sentence(lambda: sample.sample(str(tmp_path), 'ROMEO:', num_tokens=4, temperature=1.0,
+                                     top_k=0, top_p=1.0, num_samples=1, seed=seed),
+               f'--seed must lie in [0, 2**32), the seeds of distinct samples, got {seed}.')
