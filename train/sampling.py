@@ -124,6 +124,10 @@ def generate(model, variables, prompt_BxP, key, *, num_new_tokens, temperature=1
   prompt_BxP = jnp.asarray(prompt_BxP)
   if prompt_BxP.ndim != 2 or prompt_BxP.shape[1] < 1:
     raise ValueError(f'prompt must have shape [batch, length >= 1], got {prompt_BxP.shape}.')
+  if prompt_BxP.shape[1] + num_new_tokens > 2**31:
+    # Positions are int32: a longer sequence was an OverflowError traceback inside jit.
+    raise ValueError(f'A prompt of length {prompt_BxP.shape[1]} and num_new_tokens='
+                     f'{num_new_tokens} exceed the 2**31 positions int32 numbers.')
   if not jnp.issubdtype(prompt_BxP.dtype, jnp.integer):
     raise ValueError(f'prompt must hold integer token ids, got {prompt_BxP.dtype}.')
   check_prompt_ids(model, prompt_BxP)

@@ -279,6 +279,10 @@ def test_invalid_sampling_arguments_raise_one_sentence(args, name):
     (0, 2, 'num_new_tokens must be an integer >= 1, got 0.'),
     (2.0, 2, 'num_new_tokens must be an integer >= 1, got 2.0.'),
     (2, 0, r'prompt must have shape \[batch, length >= 1\], got \(3, 0\).'),
+    # P + N = 2**31 + 1 used to be an OverflowError traceback (positions are int32).
+    (2**31 - 1, 2, r"A prompt of length 2 and num_new_tokens=2147483647 exceed the 2\*\*31 "
+                   'positions int32 numbers.'),
+    (2**40, 2, 'num_new_tokens=1099511627776 exceed'),
 ])
 def test_invalid_generate_arguments_raise(num_new_tokens, prompt_length, match):
   model, variables = _tiny_lm()
