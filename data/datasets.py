@@ -194,13 +194,20 @@ def make_builder(name: str, *, data_dir: str | os.PathLike | None = None,
                      f'{", ".join(LOCAL_BUILDERS)} nor in the TFDS catalog.') from None
 
 
-def _check_data_dir(data_dir: str, origin: str) -> None:
-  if '://' in data_dir:  # a remote file system TFDS reaches (gs://...): not checked here
-    return
-  existing = os.path.abspath(data_dir)
+def _nearest_existing(path: str) -> str | None:
+  """`path` or the nearest of its parents that exists; None on a remote file system TFDS
+  reaches (gs://...), which is not checked here."""
+  if '://' in path:
+    return None
+  existing = os.path.abspath(path)
   while not os.path.exists(existing) and os.path.dirname(existing) != existing:
     existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
+  return existing
+
+
+def _check_data_dir(data_dir: str, origin: str) -> None:
+  existing = _nearest_existing(data_dir)
+  if existing is not None and not os.path.isdir(existing):
     raise ValueError(f'The data directory {data_dir} given by {origin} cannot be a folder, as '
                      f'{existing} is a file; give {origin} a folder to keep data sets in.')
 
@@ -208,12 +215,8 @@ def _check_data_dir(data_dir: str, origin: str) -> None:
 def _check_version_dir(name: str, version_dir: str) -> None:
   """ValueError in one sentence if `version_dir`, where `name` is to be prepared, or the
   nearest of its parents that exists is a file."""
-  if '://' in version_dir:
-    return
-  existing = version_dir
-  while not os.path.exists(existing) and os.path.dirname(existing) != existing:
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
+  existing = _nearest_existing(version_dir)
+  if existing is not None and not os.path.isdir(existing):
     raise ValueError(f"Data set '{name}' cannot be prepared in {version_dir}, as {existing} is "
                      f'a file; move that file away or give data_dir= (or ${DATA_DIR_ENV_VAR}) '
                      f'another folder.')
