@@ -246,6 +246,16 @@ def test_random_crop_offsets_are_uniform_over_the_padding():
     assert np.all(np.abs(counts - n * q) < 5 * np.sqrt(n * q * (1 - q))), counts
 
 
+@pytest.mark.parametrize('name', ['translation', 'random_crop', 'affine'])
+def test_row_and_column_shifts_are_drawn_independently(name):
+  # Separate keys for the two axes: over 304 draws the sample correlation of the shifts is
+  # within 4 standard errors (1 / sqrt(n)) of 0; one key for both would make it 1.
+  drawn = [_drawn_geometry(example)
+           for example in _per_example_batches(name, _coordinate_image(12, 12))]
+  shift_y, shift_x = (np.array([d[param] for d in drawn]) for param in ('shift_y', 'shift_x'))
+  assert abs(np.corrcoef(shift_y, shift_x)[0, 1]) < 4 / np.sqrt(len(drawn))
+
+
 def test_gaussian_smooth_of_an_impulse_is_a_unit_gaussian():
   size, sigma = 41, 3.0
   impulse = np.zeros((size, size), np.float32)
@@ -300,6 +310,16 @@ def test_cutout_zeroes_exactly_its_box():
       assert (height, width) == (size, size)
       interior_boxes += 1
   assert interior_boxes > 0
+
+
+def test_cutout_fills_its_box_with_fill():
+  # A 4 x 4 box centred on any pixel keeps at least 2 x 2 pixels inside the 10 x 10 image.
+  image = _rgb(shape=(10, 10, 3), high=0.5)
+  for key in _keys(5):
+    out = np.asarray(augment.cutout(key, image, size=4, fill=0.75))
+    filled = np.all(out == 0.75, axis=-1)
+    assert 4 <= filled.sum() <= 16
+    np.testing.assert_array_equal(out[~filled], image[~filled])
 
 
 def test_random_erasing_fills_exactly_its_box():
@@ -658,6 +678,18 @@ def test_gaussian_noise_has_the_requested_std():
   assert abs(noise.std() - std) < 4 * std / np.sqrt(2 * n)
 
 
+def test_gaussian_noise_is_clipped_to_the_unit_interval():
+  # Values 0.02 and 0.98 with std 0.2 leave [0, 1] with probability Φ(-0.1) = 0.460 each, and
+  # those values come out as exactly 0 and 1; 4 standard errors of the binomial fraction.
+  half = (64, 128, 1)
+  image = np.concatenate([np.full(half, 0.02, np.float32), np.full(half, 0.98, np.float32)])
+  out = np.asarray(augment.gaussian_noise(jax.random.key(0), image, std=0.2))
+  assert out.min() == 0 and out.max() == 1
+  n, q = 64 * 128, special.ndtr(-0.1)
+  for values, bound in ((out[:64], 0.0), (out[64:], 1.0)):
+    assert abs(np.mean(values == bound) - q) < 4 * np.sqrt(q * (1 - q) / n)
+
+
 # Batching, keys, jit and configuration.
 
 
@@ -693,6 +725,41 @@ def test_probability_keeps_each_example_or_transforms_it_as_with_p_one(name):
       np.testing.assert_allclose(sometimes['image'][i], always['image'][i], atol=1e-6)
       np.testing.assert_allclose(sometimes['label'][i], always['label'][i], atol=1e-6)
   assert 0 < kept < 16
+
+
+def test_the_gate_is_independent_of_the_transform_parameters():
+  # With p = 0.5 the rotated examples draw their angles from the whole documented range, as
+  # with p = 1; a gate drawn from the angle's key would tie the two (only small angles kept).
+  apply = jax.jit(functools.partial(augment.apply_per_example, augment.rotation, p=0.5))
+  images = np.broadcast_to(_coordinate_image(12, 12), (16, 12, 12, 3))
+  warped = np.concatenate([apply(_keys(16, seed), images) for seed in range(38)])
+  rotated = [example for example in warped if not np.array_equal(example, images[0])]
+  n, p = len(warped), 0.5
+  assert abs(len(rotated) - n * p) < 5 * np.sqrt(n * p * (1 - p))
+  angles = np.array([_drawn_geometry(example)['degrees'] for example in rotated])
+  _assert_uniform_sample(angles, -15.0, 15.0, atol=_GEOMETRY_ATOL['degrees'])
+
+
+def test_each_stage_draws_from_its_own_key():
+  # Hue, then brightness: a hue shift keeps each pixel's largest channel, so the brightness
+  # factor is the ratio of the output's largest channel to the input's, and the hue shift is
+  # read off the output divided by it. Independent draws are uncorrelated (4 standard errors);
+  # stages sharing a key would draw both from the same uniform number, a correlation of 1.
+  image = _rgb(shape=(6, 6, 3), low=0.3, high=0.4)
+  count = 64
+  augment_fn = jax.jit(augment.build_augmentation([('hue', {'max_delta': 0.25}),
+                                                   ('brightness', {'max_delta': 0.5})]))
+  outputs = np.asarray(augment_fn(jax.random.key(0), {
+      'image': np.broadcast_to(image, (count,) + image.shape)})['image']).astype(np.float64)
+  factors, turns = [], []
+  for out in outputs:
+    ratio = out.max(axis=-1) / image.max(axis=-1)
+    np.testing.assert_allclose(ratio, ratio.mean(), rtol=1e-5)
+    factors.append(ratio.mean())
+    turns.append(_drawn_colour_change('hue', image, out / ratio.mean()))
+  assert 0.5 - 1e-5 <= min(factors) and max(factors) <= 1.5 + 1e-5
+  assert len(np.unique(np.round(factors, 4))) == count
+  assert abs(np.corrcoef(factors, turns)[0, 1]) < 4 / np.sqrt(count)
 
 
 def test_flip_probability_matches_p():
@@ -770,6 +837,26 @@ def test_random_erasing_box_lies_anywhere_inside_with_uniform_offsets():
     n, q = draws, 1 / (size - side + 1)
     assert np.all(counts[size - side + 1:] == 0), counts
     assert np.all(np.abs(counts[:size - side + 1] - n * q) < 5 * np.sqrt(n * q * (1 - q))), counts
+
+
+def _box_corners(masks_NxHxW):
+  """Top row and left column of each mask's box."""
+  return masks_NxHxW.any(axis=2).argmax(axis=1), masks_NxHxW.any(axis=1).argmax(axis=1)
+
+
+def test_box_rows_and_columns_are_drawn_independently():
+  # Cutout's centre and random erasing's top-left corner: sample correlations of the row and
+  # the column within 4 standard errors of 0 over 500 draws.
+  size, draws = 8, 500
+  image = np.full((size, size, 1), 0.5, np.float32)
+  cut = jax.jit(jax.vmap(functools.partial(augment.cutout, image_HxWxC=image, size=1)))
+  erase = jax.jit(jax.vmap(functools.partial(augment.random_erasing, image_HxWxC=image,
+                                             area=(0.25, 0.25), aspect=(1.0, 1.0), fill=1.0)))
+  for masks in (np.asarray(cut(_keys(draws)))[..., 0] == 0,
+                np.asarray(erase(_keys(draws)))[..., 0] == 1):
+    rows, cols = _box_corners(masks)
+    assert masks.any(axis=(1, 2)).all()
+    assert abs(np.corrcoef(rows, cols)[0, 1]) < 4 / np.sqrt(draws)
 
 
 def test_cutout_centre_is_uniform_over_every_pixel():
