@@ -220,6 +220,14 @@ def test_byte_bpe_decode_rejects_unknown_ids(bpe):
     bpe.decode([1, 350])
 
 
+def test_byte_bpe_decode_replaces_bytes_that_are_not_utf8():
+  # Ids 0..255 are the bytes themselves; 0xE6 0x9D begins 東 (E6 9D B1) without its last byte,
+  # and 0xFF never occurs in UTF-8: each becomes one U+FFFD.
+  tokenizer = tokenizers.ByteBPETokenizer([])
+  assert tokenizer.decode([ord('a'), 0xE6, 0x9D, ord('b'), 0xFF]) == 'a\ufffdb\ufffd'
+  assert tokenizer.decode([0xE6, 0x9D, 0xB1]) == '東'
+
+
 def test_decode_takes_numpy_ids_as_it_takes_python_ints(bpe):
   text = 'the fox runs'
   for tokenizer in (bpe, _CHAR):
@@ -352,6 +360,9 @@ def _corrupt(payload, **changes):
     (lambda text, payload: _corrupt(payload, version=2), 'version is 2; only 1 is read'),
     (lambda text, payload: _corrupt(payload, type='wordpiece'), "type is 'wordpiece'"),
     (lambda text, payload: _corrupt(payload, vocab=payload['vocab'][:-1]), '"vocab" is not'),
+    # Two merged tokens swapped: the right tokens, but not at the ids the merges give them.
+    (lambda text, payload: _corrupt(payload, vocab=payload['vocab'][:256] + [
+        payload['vocab'][257], payload['vocab'][256]] + payload['vocab'][258:]), '"vocab" is not'),
     (lambda text, payload: _corrupt(payload, vocab=payload['vocab'] + ['a']), 'distinct'),
     (lambda text, payload: _corrupt(payload, merges=[['zz', 'q']]), 'uses a token not made'),
     (lambda text, payload: _corrupt(payload, merges=[['a']]), 'string pairs'),
