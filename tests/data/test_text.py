@@ -80,6 +80,20 @@ def test_a_batch_is_the_windows_slices_of_the_text(training):
     np.testing.assert_array_equal(batch['weights'][row], np.arange(length) < len(piece) - 1)
 
 
+@pytest.mark.parametrize('training', [True, False])
+def test_window_indices_outside_the_source_are_refused(training):
+  windows = text.TokenWindows(np.arange(20), 5, training=training)  # 15 windows, or 4
+  n = len(windows)
+  assert n == (15 if training else 4)
+  for indices in ([0, n], [-1]):
+    with pytest.raises(IndexError):
+      windows.gather(np.array(indices))
+  with pytest.raises(IndexError):
+    windows[-n - 1]
+  # Negative indices count from the end, as for a list.
+  np.testing.assert_array_equal(windows[-1]['tokens'], windows[n - 1]['tokens'])
+
+
 def test_text_shorter_than_a_window_is_refused():
   with pytest.raises(ValueError) as error:
     text.TokenWindows(np.arange(8), 8, training=True)
@@ -203,6 +217,15 @@ def test_bad_tokenizer_options_are_refused(kind, vocab_size, parts):
   with pytest.raises(ValueError) as error:
     text.make_tokenizer(kind, NON_ASCII, vocab_size=vocab_size)
   assert_one_sentence(str(error.value), *parts)
+
+
+def test_byte_bpe_text_with_too_few_pairs_for_the_vocabulary_is_refused():
+  # 'abab' merges (a, b) and then (ab, ab), after which no pair is left: 258 tokens.
+  with pytest.raises(ValueError) as error:
+    text.make_tokenizer('byte_bpe', 'abab', vocab_size=259)
+  assert_one_sentence(str(error.value), '258 tokens', 'vocab_size=259')
+  assert text.make_tokenizer('byte_bpe', 'abab', vocab_size=258).merges == [('a', 'b'),
+                                                                          ('ab', 'ab')]
 
 
 def test_byte_bpe_of_exactly_the_byte_alphabet_is_accepted():
