@@ -147,6 +147,35 @@ def test_evaluation_context_reaches_back_but_targets_stay_in_the_split(data_dir)
   assert last['weights'][23:].tolist() == [1, 0, 0, 0, 0, 0]
 
 
+def test_evaluation_on_a_middle_split_holds_no_value_of_the_splits_after_it(data_dir):
+  _, evaluation, meta = series.make_sources(
+      _config(data_dir, window=24, horizon=6, eval_split='validation'), '')
+  raw = np.array([r['co2'] for split in SPLITS for r in _records(data_dir, split)], np.float32)
+  scaled = series.scale(meta['scaler'], raw)
+  # Validation is months 422 … 473: one origin per month, 421 … 472.
+  assert len(evaluation) == 52 and len(evaluation.values) == 474
+  batch = evaluation.gather(np.arange(52))
+  np.testing.assert_array_equal(batch['values'][0], scaled[421 - 23:421 + 7])
+  # Origin 472: its horizon-1 target, month 473, ends the split; the test months after it
+  # are padded with 0 and not scored.
+  last = evaluation[51]
+  np.testing.assert_array_equal(last['values'], np.append(scaled[472 - 23:474], [0] * 5))
+  assert last['weights'][23:].tolist() == [1, 0, 0, 0, 0, 0]
+  # At horizon h the months 421 + h … 473 are scored, each once.
+  assert batch['weights'][:, 23:].sum(axis=0).tolist() == [53 - h for h in range(1, 7)]
+
+
+def test_unscale_undoes_scale_with_the_train_statistics():
+  # Train values 1 and 3: μ = 2, σ = 1 (the 1/n standard deviation).
+  scaler = series.fit_scaler(np.array([1.0, 3.0, 10.0, 20.0]), {'train': (0, 2)})
+  x = np.array([[2.5, 1.0], [10.0, -4.0]], np.float32)
+  np.testing.assert_allclose(series.scale(scaler, x), x - 2, atol=1e-6)
+  np.testing.assert_allclose(series.unscale(scaler, np.array([0.5, -1.0])), [2.5, 1.0], atol=1e-6)
+  scaler = series.fit_scaler(np.array([0.0, 4.0, 100.0]), {'train': (0, 2)})  # μ = 2, σ = 2
+  np.testing.assert_allclose(series.unscale(scaler, series.scale(scaler, x)), x, atol=1e-5)
+  np.testing.assert_allclose(series.unscale(scaler, np.array([1.5])), [5.0], atol=1e-6)
+
+
 @pytest.mark.parametrize('key, value, words', [
     ('series_window', 0, 'data.series_window must be a positive integer, not 0'),
     ('series_horizon', -1, 'data.series_horizon must be a positive integer, not -1'),
