@@ -669,6 +669,17 @@ def test_salt_and_pepper_fraction_matches_amount():
   assert abs(salt.sum() - 0.5 * hit.sum()) < 4 * np.sqrt(hit.sum() * 0.25)
 
 
+@pytest.mark.parametrize('salt_fraction', [0.0, 0.8, 1.0])
+def test_salt_fraction_is_the_share_of_hits_set_to_one(salt_fraction):
+  image = np.full((64, 64, 1), 0.5, np.float32)
+  out = np.asarray(augment.salt_and_pepper(jax.random.key(1), image, amount=0.5,
+                                           salt_fraction=salt_fraction))
+  hits = out[out != 0.5]
+  q, n = salt_fraction, len(hits)
+  assert n > 1000 and np.all(np.isin(hits, [0.0, 1.0]))
+  assert abs(np.mean(hits == 1) - q) <= 4 * np.sqrt(q * (1 - q) / n)
+
+
 def test_gaussian_noise_has_the_requested_std():
   image = np.full((128, 128, 1), 0.5, np.float32)
   std = 0.05
