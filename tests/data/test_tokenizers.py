@@ -218,6 +218,10 @@ def test_byte_bpe_round_trips_any_text(bpe, text):
 def test_byte_bpe_decode_rejects_unknown_ids(bpe):
   with pytest.raises(ValueError, match=r'Token 350 at position 1 is not an id in \[0, 350\)'):
     bpe.decode([1, 350])
+  # A negative id would otherwise index the vocabulary from its end.
+  for tokenizer, size in ((bpe, 350), (_CHAR, _CHAR.vocab_size)):
+    with pytest.raises(ValueError, match=rf'Token -1 at position 2 is not an id in \[0, {size}\)'):
+      tokenizer.decode([1, 2, -1])
 
 
 def test_byte_bpe_decode_replaces_bytes_that_are_not_utf8():
