@@ -161,3 +161,58 @@ def test_classification_scales_the_input_and_scores_soft_labels_by_their_heavies
   log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   np.testing.assert_allclose(metrics['loss'][0], -(labels * log_probs).sum(-1), rtol=1e-6)
   np.testing.assert_array_equal(metrics['accuracy'][0], [1.0, 1.0, 0.0])
+
+
+def test_language_model_reads_all_but_the_last_token_and_predicts_each_next_one():
+  # A 'model' that always predicts the token after the one it reads (id + 1): every guess is
+  # right exactly when it reads tokens[:, :-1] and is scored against tokens[:, 1:].
+  task = _lm(tokenizers.CharTokenizer(list('abcde')), sample_length=0)
+  seen = []
+
+  def next_id(inputs_BxT):
+    seen.append(np.asarray(inputs_BxT))
+    return 2.0 * jax.nn.one_hot(inputs_BxT + 1, 5)
+
+  tokens = np.array([[0, 1, 2, 3], [1, 2, 3, 4]], np.int32)
+  metrics = task.loss(next_id, {'tokens': tokens, 'weights': np.ones((2, 3), np.float32)})
+  np.testing.assert_array_equal(seen[0], tokens[:, :-1])
+  totals = {name: (float(np.sum(t)), float(np.sum(w))) for name, (t, w) in metrics.items()}
+  assert totals['accuracy'] == (6.0, 6.0)
+  # −log softmax at the predicted id: log(e² + 4) − 2 per target.
+  np.testing.assert_allclose(totals['loss'], (6 * (math.log(math.exp(2) + 4) - 2), 6.0),
+                             rtol=1e-5)
+
+
+def test_classification_label_smoothing_applies_to_hard_and_soft_labels():
+  # ε = 0.2 over C = 4 classes: the target is 0.8·y + 0.05, so the loss is
+  # −Σ_c (0.8 y_c + 0.05) log softmax(z)_c.
+  task = tasks.build('classification', {'num_classes': 4}, label_smoothing=0.2)
+  logits = np.array([[2.0, -1.0, 0.5, 0.0], [0.0, 3.0, -2.0, 1.0]], np.float32)
+  z = logits.astype(np.float64)
+  log_q = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  inputs = np.zeros((2, 4), np.float32)
+  hard = task.loss(_Fixed(jnp.asarray(logits)), {'input': inputs, 'label': np.array([2, 1])})
+  np.testing.assert_allclose(hard['loss'][0],
+                             -(0.8 * log_q[[0, 1], [2, 1]] + 0.05 * log_q.sum(-1)), rtol=1e-5)
+  soft_labels = np.array([[0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]], np.float32)
+  soft = task.loss(_Fixed(jnp.asarray(logits)), {'input': inputs, 'label': soft_labels})
+  np.testing.assert_allclose(soft['loss'][0], -((0.8 * soft_labels + 0.05) * log_q).sum(-1),
+                             rtol=1e-5)
+  # Accuracy is unaffected: the argmax of row 0 is class 0 (a heaviest class of the soft
+  # label by the first index), of row 1 class 1.
+  np.testing.assert_array_equal(hard['accuracy'][0], [0.0, 1.0])
+
+
+def test_augmentation_changes_training_batches_only():
+  task = tasks.build('classification', {'features': ('image', 'label'), 'num_classes': 3},
+                     augment=({'name': 'random_crop', 'padding': 1, 'p': 1.0},))
+  images = np.ones((8, 4, 4, 1), np.float32)
+  batch = {'input': jnp.asarray(images), 'label': jnp.arange(8) % 3}
+  rngs = {'augment': jax.random.PRNGKey(0)}
+  evaluated = task.transform(rngs, batch, False)
+  np.testing.assert_array_equal(evaluated['input'], images)
+  np.testing.assert_array_equal(evaluated['label'], np.arange(8) % 3)
+  trained = task.transform(rngs, batch, True)
+  # Crops of the zero-padded images show padding; the labels become one-hot rows.
+  assert (np.asarray(trained['input']) == 0).any()
+  np.testing.assert_array_equal(trained['label'], np.eye(3)[np.arange(8) % 3])
