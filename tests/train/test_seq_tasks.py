@@ -94,6 +94,48 @@ def test_target_names_spell_the_label():
     task.preprocess({'image': np.zeros((1, 2, 2)), 'label': np.array([2])})
 
 
+class _CopyInput(nn.Module):
+  """Position t predicts the decoder input it reads at t (the source is ignored)."""
+
+  @nn.compact
+  def __call__(self, tokens_BxT, source_BxS, *, train=False):
+    del source_BxS, train
+    self.param('unused', nn.initializers.zeros, ())
+    return 10.0 * jax.nn.one_hot(tokens_BxT, 128)
+
+
+def test_teacher_forcing_reads_bos_and_the_target_and_scores_the_target_then_eos():
+  # Read BOS a b b / BOS a a against a b b EOS / a a EOS: a model copying its input is right
+  # where the input equals the target, at (0, 2) and (1, 1) only, 2 of the 7 weighted steps.
+  task = tasks.build('seq2seq', {'features': ('source', 'target', 'target_length')},
+                     source_length_key='', max_target_length=4)
+  target = np.zeros((2, 4), np.uint8)
+  target[0, :3] = np.frombuffer(b'abb', np.uint8)
+  target[1, :2] = np.frombuffer(b'aa', np.uint8)
+  batch = task.preprocess({'source': np.zeros((2, 3)), 'target': target,
+                           'target_length': np.array([3, 2])})
+  module = _CopyInput()
+  variables = module.init(jax.random.PRNGKey(0), batch['decoder_input'], batch['source'])
+  totals = {name: (float(np.sum(t)), float(np.sum(w))) for name, (t, w) in task.loss(
+      _bound(module, variables), jax.tree.map(jnp.asarray, batch)).items()}
+  assert totals['accuracy'] == (2.0, 7.0)
+  # −log softmax(10·onehot(input))[target] = log(e^10 + 127) − 10·[input = target].
+  expected = 7 * np.log(np.exp(10.0) + 127) - 10 * 2
+  np.testing.assert_allclose(totals['loss'], (expected, 7.0), rtol=1e-5)
+
+
+def test_a_target_longer_than_max_target_length_is_one_sentence():
+  task = tasks.build('seq2seq', {'features': ('source', 'target', 'target_length')},
+                     source_length_key='', max_target_length=4)
+  records = {'source': np.zeros((2, 3)), 'target': np.full((2, 5), ord('a'), np.uint8),
+             'target_length': np.array([4, 5])}
+  with pytest.raises(ValueError) as info:
+    task.preprocess(records)
+  assert str(info.value) == 'A target has 5 characters, more than task.max_target_length=4.'
+  records['target_length'] = np.array([4, 4])  # the longest allowed
+  np.testing.assert_array_equal(task.preprocess(records)['weights'], np.ones((2, 5)))
+
+
 @pytest.mark.parametrize('options, message', [
     (dict(source_key='src'), "source_key='src'"),
     (dict(max_target_length=0), 'max_target_length'),
