@@ -46,6 +46,19 @@ def test_pooled_loss_reads_the_context_and_scores_the_weighted_horizons():
   assert sums['mae'] == pytest.approx((0.5 + 2 + 1, 3))
 
 
+def test_pooled_horizon_weights_start_at_the_last_context_position():
+  # T = 4, H = 2: windows of 6 values, 5 weights of which weights[:, 3:] score the horizons.
+  task = _task('pooled', window=4, horizon=2)
+  batch = task.preprocess({'values': [[1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 2, 3]],
+                           'weights': [[1, 1, 1, 1, 0], [0, 0, 0, 0, 1]]})
+  model = _Fixed([[4.0, 0.0], [9.0, 1.0]])
+  sums = _sums(task.loss(model, batch))
+  np.testing.assert_array_equal(model.inputs[0], [[1, 2, 3, 4], [0, 0, 0, 0]])
+  # Errors: −1 (weighted), −6 (weight 0), 7 (weight 0), −2 (weighted).
+  assert sums['loss'] == pytest.approx((1 + 4, 2))
+  assert sums['mae'] == pytest.approx((1 + 2, 2))
+
+
 def test_shifted_loss_scores_every_weighted_position_against_the_next_value():
   task = _task('shifted', window=3, horizon=1)
   batch = task.preprocess({'values': [[1, 2, 3, 5]], 'weights': [[1, 0, 1]]})
