@@ -155,6 +155,14 @@ def test_autoencoder_options_are_checked(options, expected):
   assert expected in one_sentence(lambda: tasks.build('autoencoder', **options))
 
 
+def test_preprocess_scales_the_pixels_by_input_scale():
+  pixels = np.array([[0, 51, 255]], np.uint8)
+  for options, expected in (({}, [0.0, 0.2, 1.0]), ({'input_scale': 0.5}, [0.0, 25.5, 127.5])):
+    batch = tasks.build('autoencoder', **options).preprocess({'image': pixels})
+    assert batch['input'].dtype == np.float32
+    np.testing.assert_allclose(batch['input'], [expected], rtol=1e-6)
+
+
 def test_corruption_comes_from_the_corruption_stream_in_training_only():
   x = jnp.ones((200,) + SHAPE)  # 2400 pixels
   key = jax.random.PRNGKey
