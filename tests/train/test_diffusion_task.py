@@ -105,6 +105,25 @@ def test_d3pm_binarises_images_and_its_loss_prefers_the_right_predictor():
   assert right_loss < 0.01 and wrong_loss > 0.3, (right_loss, wrong_loss)
 
 
+def test_d3pm_hybrid_weight_scales_the_x0_cross_entropy():
+  # L_λ = L_{t−1} + λ·(−log p̃(x_0 | x_t)) with the same t and x_t for every λ: with logits
+  # that ignore x_t the second term is the mean over pixels of −log softmax(z)[x_0].
+  images = np.where(np.random.default_rng(0).uniform(size=(8, 4, 4, 1)) < 0.3, 255,
+                    0).astype(np.uint8)
+  z = np.array([1.0, -0.5, 0.3])
+  constant = lambda x, t: jnp.broadcast_to(jnp.asarray(z, jnp.float32), x.shape[:3] + (3,))
+  losses = {}
+  for weight in (0.0, 0.5):
+    task = tasks.build('diffusion', {'features': ('image',)}, objective='d3pm', num_steps=20,
+                       hybrid_weight=weight)
+    total_B, _ = task.loss(Stub(constant), task.preprocess({'image': images}))['loss']
+    losses[weight] = np.asarray(total_B, np.float64)
+  log_p = z - np.log(np.exp(z).sum())
+  cross_entropy_B = -log_p[(images[..., 0] >= 128).astype(int)].reshape(8, -1).mean(1)
+  np.testing.assert_allclose(losses[0.5] - losses[0.0], 0.5 * cross_entropy_B, rtol=1e-4,
+                             atol=1e-5)
+
+
 @pytest.mark.parametrize('shape', [(4, 4, 3), (16,)])
 def test_d3pm_refuses_examples_other_than_one_channel_images(shape):
   # One category per pixel: the loss and the samples read channel 0 only, so the other channels
