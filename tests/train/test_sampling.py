@@ -99,6 +99,14 @@ def test_a_tiny_temperature_keeps_the_argmax_and_an_infinite_one_is_refused():
     sampling.filter_logits(logits_BxV, temperature=float('inf'))
 
 
+def test_a_row_of_only_minus_infinity_stays_minus_infinity_without_nan():
+  logits_BxV = np.array([[-np.inf, -np.inf, -np.inf], [0.0, 1.0, 2.0]], np.float32)
+  for args in ({'temperature': 0.5}, {'temperature': 0.5, 'top_k': 2, 'top_p': 0.9}):
+    filtered = np.asarray(sampling.filter_logits(logits_BxV, **args))
+    assert not np.isnan(filtered).any(), args
+    np.testing.assert_array_equal(filtered[0], [-np.inf] * 3)
+
+
 # ---- top-k and top-p against brute force ---------------------------------------------------
 
 @pytest.mark.parametrize('top_k', [1, 2, 7, 24])
@@ -242,6 +250,52 @@ def test_generate_matches_prefix_recomputation_with_and_without_cache(prompt_len
     np.testing.assert_array_equal(tokens[:, :prompt_length], prompt_BxP)
     np.testing.assert_array_equal(tokens, expected_tokens, err_msg=f'use_cache={use_cache}')
     np.testing.assert_allclose(logits, expected_logits, rtol=1e-5, atol=1e-5)
+
+
+class _CacheMarkedLM(nn.Module):
+  """TinyCausalLM whose logits through the cache (decode=True) favour token 0 by 100, so the
+  tokens show which path `generate` took."""
+
+  @nn.compact
+  def __call__(self, tokens_BxT, *, train=False, decode=False):
+    logits_BxTxV = TinyCausalLM(name='lm')(tokens_BxT, train=train, decode=decode)
+    return logits_BxTxV.at[..., 0].add(100.0 if decode else 0.0)
+
+
+def test_generate_with_use_cache_reads_through_the_cache():
+  model = _CacheMarkedLM()
+  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))
+  prompt_BxP = np.full((3, 2), 5, np.int32)
+  cached = np.asarray(sampling.generate(model, variables, prompt_BxP, jax.random.PRNGKey(1),
+                                        num_new_tokens=5, temperature=0, use_cache=True))
+  np.testing.assert_array_equal(cached, np.concatenate([prompt_BxP, np.zeros((3, 5))], 1))
+  uncached, _ = _reference_loop(model, variables, prompt_BxP, jax.random.PRNGKey(1), 5,
+                                temperature=0)
+  assert (uncached[:, 2:] != 0).any()  # the full pass does not favour token 0
+  np.testing.assert_array_equal(sampling.generate(
+      model, variables, prompt_BxP, jax.random.PRNGKey(1), num_new_tokens=5, temperature=0,
+      use_cache=False), uncached)
+
+
+class _ContextLM(TinyCausalLM):
+  """TinyCausalLM declaring a fixed context of its 32 positions."""
+
+  @property
+  def max_context(self) -> int:
+    return self.max_length
+
+
+@pytest.mark.parametrize('use_cache', [False, True])
+def test_a_context_longer_than_the_sequence_reads_every_token(use_cache):
+  _, variables = _tiny_lm()
+  model = _ContextLM()
+  prompt_BxP, key = _prompt(2), jax.random.PRNGKey(3)
+  args = {'temperature': 0.8, 'top_k': 6}
+  expected_tokens, expected_logits = _reference_loop(model, variables, prompt_BxP, key, 5, **args)
+  tokens, logits = sampling.generate(model, variables, prompt_BxP, key, num_new_tokens=5,
+                                     use_cache=use_cache, return_logits=True, **args)
+  np.testing.assert_array_equal(tokens, expected_tokens)
+  np.testing.assert_allclose(logits, expected_logits, rtol=1e-5, atol=1e-5)
 
 
 def test_generate_draws_vary_with_the_key_and_repeat_with_the_same_key():
