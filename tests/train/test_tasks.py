@@ -107,6 +107,9 @@ def test_language_model_options_are_checked():
 def test_finalize_of_an_empty_aggregate_is_nan_not_an_error():
   report = tasks.build('classification').finalize({'loss': (0.0, 0.0)})
   assert math.isnan(report['loss'])
+  # A total of 0 over a positive weight is a value of 0 (e.g. no right guess), not NaN.
+  report = tasks.build('classification').finalize({'loss': (3.0, 4.0), 'accuracy': (0.0, 4.0)})
+  assert report == {'loss': 0.75, 'accuracy': 0.0}
 
 
 def test_per_channel_normalisation_in_training_and_evaluation():
@@ -216,3 +219,24 @@ def test_augmentation_changes_training_batches_only():
   # Crops of the zero-padded images show padding; the labels become one-hot rows.
   assert (np.asarray(trained['input']) == 0).any()
   np.testing.assert_array_equal(trained['label'], np.eye(3)[np.arange(8) % 3])
+
+
+@pytest.mark.parametrize('options', [{'temperature': 0.0}, {'top_k': 1}, {'top_p': 1e-6}])
+def test_language_model_sample_hook_continues_the_prompt_with_the_sampling_options(options):
+  # Each option alone makes sampling greedy: every sample is the argmax continuation of the
+  # prompt, computed here by rerunning the model on the whole prefix at each step.
+  from tests.train.test_sampling import TinyCausalLM  # pylint: disable=g-import-not-at-top
+  tokenizer = tokenizers.CharTokenizer(list('abcdefghijk'))  # the model's 11 ids
+  task = _lm(tokenizer, prompt='cab', sample_length=4, num_samples=2, **options)
+  model = TinyCausalLM()
+  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))
+  tokens = np.array([tokenizer.encode('cab')], np.int32)
+  for _ in range(4):
+    logits = model.apply(variables, jnp.asarray(tokens))[:, -1]
+    tokens = np.concatenate([tokens, np.argmax(np.asarray(logits), -1)[:, None]], 1)
+  expected = tokenizer.decode(tokens[0].tolist())
+  assert expected.startswith('cab') and len(expected) == 7
+  (hook,) = task.eval_hooks()
+  out = hook(tasks.HookContext(model, variables, jax.random.PRNGKey(1), 0))
+  assert out == {'sample': expected + '\n----\n' + expected}
+  assert _lm(tokenizer, sample_length=0).eval_hooks() == []
