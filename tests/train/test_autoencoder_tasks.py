@@ -338,6 +338,22 @@ def test_iwae_bounds_of_a_linear_gaussian_model_rise_from_the_elbo_to_log_p():
   np.testing.assert_array_less(np.abs(large_k['iwae'] - golden), iwae_tolerance)
 
 
+def test_training_draws_one_latent_sample_and_evaluation_iwae_samples():
+  rng = np.random.default_rng(6)
+  x = jnp.asarray(rng.uniform(size=(4, 3)), jnp.float32)
+  model = _LinearGaussian(rng.normal(size=(5, 4, 2)).astype(np.float32))
+  calls = []
+
+  def recording(x, num_samples=1):
+    calls.append(num_samples)
+    return model(x, num_samples=num_samples)
+
+  task = tasks.build('vae', iwae_samples=5)
+  task.loss(recording, {'input': x})
+  task.eval_metrics(recording, {'input': x})
+  assert calls == [1, 5]
+
+
 def test_dequantised_gaussian_decoder_reports_bits_per_dimension():
   task = tasks.build('vae', dequantize=True, iwae_samples=3)
   rng = np.random.default_rng(4)
