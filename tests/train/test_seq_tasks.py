@@ -34,6 +34,8 @@ def test_targets_are_shifted_by_one_with_bos_and_eos():
   np.testing.assert_array_equal(targets, [[a, b, c, EOS_ID, PAD_ID], [z, EOS_ID, 0, 0, 0]])
   np.testing.assert_array_equal(weights, [[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
   assert seq2seq_lib.decode_text(targets[0]) == 'abc'
+  # BOS and padding are dropped, the text stops at the first EOS, other ids show as '?'.
+  assert seq2seq_lib.decode_text([BOS_ID, a, PAD_ID, 127, b, EOS_ID, c]) == 'a?b'
 
 
 class _Oracle(nn.Module):
