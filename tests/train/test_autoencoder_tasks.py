@@ -349,8 +349,8 @@ def test_training_draws_one_latent_sample_and_evaluation_iwae_samples():
     return model(x, num_samples=num_samples)
 
   task = tasks.build('vae', iwae_samples=5)
-  task.loss(recording, {'input': x})
-  task.eval_metrics(recording, {'input': x})
+  jax.eval_shape(lambda x: (task.loss(recording, {'input': x}),
+                            task.eval_metrics(recording, {'input': x})), x)
   assert calls == [1, 5]
 
 
