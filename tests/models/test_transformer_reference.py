@@ -198,3 +198,25 @@ def test_bert_logits_match_the_reference_forward_pass(pre_norm):
                                   pre_norm=pre_norm, pad_id=pad)
   assert logits_BxTxV.shape == (B, 7, model.num_embeddings)
   np.testing.assert_allclose(logits_BxTxV, expected_BxTxV, **TOL)
+
+
+@pytest.mark.parametrize('pre_norm', [True, False])
+def test_dropout_falls_on_the_sublayer_outputs_never_on_the_residual_path(pre_norm):
+  # Zero output projections (attention W^O, b^O and the FFN's W₂, b₂) make every sub-layer
+  # f ≡ 0, so in training with dropout 0.5 a pre-LN block is still x + drop(0) = x exactly,
+  # and a post-LN block LayerNorm(x + drop(0)) per sub-layer: dropout on the residual stream
+  # would zero about half the entries and double the others.
+  block = TransformerBlock(HEADS, MLP, dropout_rate=0.5, pre_norm=pre_norm, causal=True)
+  x_BxTxD = draw((B, T, D), 6, scale=2.0)
+  flat = flax.traverse_util.flatten_dict(perturbed_params(block, 7, x_BxTxD))
+  flat = {path: np.zeros_like(a) if path[-2] == 'out' or path[-3:-1] == ('mlp', 'output') else a
+          for path, a in flat.items()}
+  params = flax.traverse_util.unflatten_dict(flat)
+  out_BxTxD = jax.jit(lambda params, x: block.apply(
+      {'params': params}, x, train=True, rngs={'dropout': jax.random.PRNGKey(0)}))(
+          params, x_BxTxD)
+  expected_BxTxD = np.asarray(x_BxTxD, np.float64)
+  if not pre_norm:
+    for name in ('self_attention_norm', 'mlp_norm'):
+      expected_BxTxD = reference_layer_norm(params[name], expected_BxTxD)
+  np.testing.assert_allclose(out_BxTxD, expected_BxTxD, **TOL)
