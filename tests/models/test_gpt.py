@@ -93,6 +93,18 @@ def test_changing_token_t_leaves_earlier_logits_bit_identical(positions):
   assert (np.abs(changed[:, CHANGED_AT] - full[:, CHANGED_AT]).max(-1) > 1e-3).all()
 
 
+def test_chunked_attention_decodes_through_the_cache_as_the_full_pass():
+  # The cache holds every earlier key, so a decoding call is exact attention of its queries
+  # over the cache (causal from the cache index on), whatever kind the full pass uses: here
+  # blocks of 3 queries and 2 keys, a first call of three tokens, then one per call.
+  model = tiny_gpt(attention='chunked', attention_options=(('query_block', 3), ('key_block', 2)))
+  full, _, one_by_one, chunk_then_one = jax.tree_util.tree_map(np.asarray, _full_and_decoded(
+      model, random_params(model, 2), tokens(1), tokens(3)))
+  assert np.abs(full).max() > 1.0
+  np.testing.assert_allclose(one_by_one, full, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(chunk_then_one, full, rtol=1e-5, atol=1e-5)
+
+
 def test_generate_with_and_without_the_cache_agree():
   model = tiny_gpt(num_layers=1, positions='learned')
   params = random_params(model, 3)
