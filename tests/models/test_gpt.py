@@ -178,6 +178,35 @@ def test_logits_are_the_normalised_last_state_times_the_output_matrix(tied, pre_
                              atol=1e-5)
 
 
+def test_training_drops_out_the_embedding_sum_before_the_first_block():
+  # h⁰ = dropout(E[x_t] + P[t]): in training with rate 0.5 each entry of block0's input is 0 or
+  # the sum scaled by 1/(1 − 0.5) = 2 (inverted dropout), about half of each; at evaluation
+  # it is the sum itself.
+  model = tiny_gpt(num_layers=1, dropout_rate=0.5)
+  params = random_params(model, 4)
+  x = tokens(5)
+  table = params['token_embed']['embed']['embedding']
+  expected_BxTxD = np.asarray(table, np.float64)[x] + params['position_embed']['embedding'][None]
+
+  def block_input(train):
+    seen = {}
+
+    def interceptor(next_fun, args, kwargs, context):
+      if context.module.name == 'block0' and context.method_name == '__call__':
+        seen['h0'] = np.asarray(args[0], np.float64)
+      return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(interceptor):
+      model.apply({'params': params}, x, train=train, rngs={'dropout': jax.random.PRNGKey(0)})
+    return seen['h0']
+
+  np.testing.assert_allclose(block_input(False), expected_BxTxD, rtol=1e-6, atol=1e-6)
+  dropped_BxTxD = block_input(True)
+  kept = dropped_BxTxD != 0
+  assert 0.3 < kept.mean() < 0.7, kept.mean()
+  np.testing.assert_allclose(dropped_BxTxD[kept], 2 * expected_BxTxD[kept], rtol=1e-6, atol=1e-6)
+
+
 # ---- options and errors ---------------------------------------------------------------------
 
 def test_learned_positions_beyond_max_length_raise_and_sinusoidal_extrapolate():
