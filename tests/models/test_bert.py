@@ -120,6 +120,36 @@ def test_segment_embeddings_only_when_num_segments_is_positive():
   assert '(2, 3)' in message and '(2, 7)' in message
 
 
+def test_training_drops_out_the_normalised_embedding_sum():
+  # h⁰ = dropout(LayerNorm(E[x] + P + S)) (BERT's embedding layer: LayerNorm, then dropout):
+  # in training with rate 0.5 each entry of block0's input is 0 or twice the LayerNorm's
+  # output, which is block0's input at evaluation. Dropout before the LayerNorm would give
+  # rows normalised after dropping, with no entry 0.
+  model = _bert(num_segments=2, dropout_rate=0.5)
+  tokens = jnp.array([[CLS, 1, 2, SEP, 3, 4, SEP], [CLS, 5, MASK, SEP, 6, SEP, PAD]])
+  segments = jnp.array([[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1]])
+  variables, apply = _init(model, tokens, segments)
+
+  def block_input(train):
+    seen = {}
+
+    def interceptor(next_fun, args, kwargs, context):
+      if context.module.name == 'block0' and context.method_name == '__call__':
+        seen['h0'] = np.asarray(args[0], np.float64)
+      return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(interceptor):
+      apply(variables, tokens, segments, train=train, rngs={'dropout': jax.random.PRNGKey(1)})
+    return seen['h0']
+
+  normalised_BxTxD = block_input(False)
+  dropped_BxTxD = block_input(True)
+  kept = dropped_BxTxD != 0
+  assert 0.3 < kept.mean() < 0.7, kept.mean()
+  np.testing.assert_allclose(dropped_BxTxD[kept], 2 * normalised_BxTxD[kept], rtol=1e-5,
+                             atol=1e-6)
+
+
 def test_head_is_tied_to_the_token_embedding():
   """logits = LayerNorm(GELU(W h + b)) Eᵀ + c with E the input embedding: no other output
   matrix, the formula holds on the captured head output, and changing E[v] of a token v
