@@ -266,6 +266,33 @@ def test_with_zero_sublayers_pre_ln_is_the_identity_and_post_ln_a_layer_norm(pre
       np.testing.assert_allclose(final, _layer_norm(x), atol=1e-5)
 
 
+def test_training_drops_out_the_embedding_sums_of_both_stacks():
+  # x⁰ = dropout(√D·E[x] + PE) (§3.4, §3.5, §5.4): in training with rate 0.5 each entry of
+  # block0's input, in the encoder and in the decoder, is 0 or the sum scaled by
+  # 1/(1 − 0.5) = 2, about half of each.
+  model = _model(num_layers=1, dropout_rate=0.5)
+  params = _random_params(model)
+  seen = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.module.name == 'block0' and context.method_name == '__call__':
+      seen[context.module.parent.name] = np.asarray(args[0], np.float64)
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    model.apply({'params': params}, TARGETS, SOURCE, LENGTHS, train=True,
+                rngs={'dropout': jax.random.PRNGKey(0)})
+  width = model.features
+  for stack, embed, tokens in (('encoder', 'source_embed', SOURCE),
+                               ('decoder', 'target_embed', TARGETS)):
+    table = np.asarray(params[stack][embed]['embed']['embedding'], np.float64)
+    expected = np.sqrt(width) * table[tokens] + _sinusoidal(tokens.shape[1], width)[None]
+    kept = seen[stack] != 0
+    assert 0.3 < kept.mean() < 0.7, (stack, kept.mean())
+    np.testing.assert_allclose(seen[stack][kept], 2 * expected[kept], rtol=1e-5, atol=1e-5,
+                               err_msg=stack)
+
+
 def test_registry_builds_it_with_its_options_and_float32_parameters():
   model = registry.build('transformer_seq2seq', vocab_size=100, source_vocab_size=60,
                          num_layers=1, features=16, num_heads=2, mlp_dim=24,
