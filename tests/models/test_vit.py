@@ -265,6 +265,28 @@ def test_dropout_only_in_training():
   np.testing.assert_array_equal(model.apply(variables, x), model.apply(variables, x))
 
 
+def test_training_drops_out_z0_before_the_first_block():
+  # Dropout on z_0 (App. B.1): in training with rate 0.5 each entry of block0's input is 0 or
+  # z_0 scaled by 1/(1 − 0.5) = 2, about half of each; z_0 is block0's input at evaluation.
+  x = images()
+  model = tiny(dropout_rate=0.5)
+  variables = init(model, x)
+  seen = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.module.name == 'block0' and context.method_name == '__call__':
+      seen['z0'] = np.asarray(args[0], np.float64)
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    model.apply(variables, x, train=True, rngs={'dropout': jax.random.key(4)})
+  dropped = seen['z0']
+  z0 = np.asarray(first_block_input(model, variables, x), np.float64)
+  kept = dropped != 0
+  assert 0.3 < kept.mean() < 0.7, kept.mean()
+  np.testing.assert_allclose(dropped[kept], 2 * z0[kept], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize('pool', ['cls', 'mean'])
 def test_bfloat16_compute_is_close_to_float32(pool):
   x = images()
