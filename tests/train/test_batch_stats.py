@@ -177,13 +177,17 @@ def test_a_pass_that_changes_nothing_ends_the_loop(trained):
   jax.tree.map(np.testing.assert_array_equal, again, exact)
 
 
+def _mlp_with_two_batch_norms(x_NxD):
+  model = MLP(features=(5, 4, 3), batch_norm=True)
+  return model, _variables(model, x_NxD, seed=1)
+
+
 def test_two_dense_batch_norms_against_numpy(trained):
   """An MLP Dense → BN → ReLU → Dense → BN → ReLU → Dense on [B, D], in float64 NumPy:
   BN_0's statistics are those of x W_0, BN_1's those of ReLU(BN_0(x W_0)) W_1."""
   _, _, x, _ = trained
-  model = MLP(features=(5, 4, 3), batch_norm=True)
   inputs_BxD = x.reshape(NUM_EXAMPLES, -1)
-  variables = _variables(model, inputs_BxD, seed=1)
+  model, variables = _mlp_with_two_batch_norms(inputs_BxD)
   stats, info = batch_stats.recompute_batch_stats(model, variables, _batches(inputs_BxD))
   params = jax.tree.map(lambda p: np.asarray(p, np.float64), variables['params'])
   h0 = inputs_BxD.astype(np.float64) @ params['Dense_0']['kernel']
@@ -245,3 +249,132 @@ def test_a_model_without_batch_norm_is_refused():
   with pytest.raises(ValueError, match=r"^The model has no batch statistics to recompute: its "
                                        r"variables have no 'batch_stats' collection\.$"):
     batch_stats.recompute_batch_stats(model, variables, lambda: [np.zeros((2, 6), np.float32)])
+
+
+def test_max_examples_counts_only_unmasked_examples(trained):
+  """Masked padding rows inside the batches neither count towards max_examples nor enter the
+  statistics: the result is that of the first 22 real examples (the 22nd follows a padding
+  row of its batch)."""
+  model, variables, x, _ = trained
+  # A padding row (mask 0, absurd values) after every third real example.
+  real_N = np.repeat(np.arange(NUM_EXAMPLES), [2 if i % 3 == 2 else 1 for i in range(NUM_EXAMPLES)])
+  mask_N = np.ones(len(real_N), np.int32)
+  mask_N[np.flatnonzero(np.diff(real_N) == 0) + 1] = 0
+  padded = np.where(mask_N[:, None, None, None] == 1, x[real_N], 1e3).astype(np.float32)
+  batches = lambda: ({'input': padded[i:i + BATCH], 'mask': mask_N[i:i + BATCH]}
+                     for i in range(0, len(padded), BATCH))
+  stats, info = batch_stats.recompute_batch_stats(model, variables, batches, max_examples=22)
+  assert max(_errors(stats, _brute_force(variables, x[:22])).values()) < TOLERANCE
+  assert info['examples'] == 22
+
+
+def test_the_passes_never_exceed_the_number_of_batch_norm_layers(trained):
+  _, _, x, _ = trained
+  inputs_BxD = x.reshape(NUM_EXAMPLES, -1)
+  model, variables = _mlp_with_two_batch_norms(inputs_BxD)
+  _, info = batch_stats.recompute_batch_stats(model, variables, _batches(inputs_BxD), max_passes=10)
+  assert info['passes'] == 2 and info['converged']
+
+
+def test_statistics_no_layer_reads_are_kept_and_reported():
+  x = np.random.default_rng(4).normal(size=(12, 6)).astype(np.float32)
+  model, variables = _mlp_with_two_batch_norms(x)
+  unused = {'mean': np.full(3, 7.0, np.float32), 'var': np.full(3, 2.0, np.float32)}
+  variables = {**variables, 'batch_stats': {**variables['batch_stats'], 'Retired_0': unused}}
+  stats, info = batch_stats.recompute_batch_stats(model, variables, _batches(x, 5))
+  assert info['unused_layers'] == ['Retired_0'] and info['layers'] == ['BatchNorm_0', 'BatchNorm_1']
+  jax.tree.map(np.testing.assert_array_equal, stats['Retired_0'], unused)
+  h0 = x.astype(np.float64) @ np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
+  np.testing.assert_allclose(stats['BatchNorm_0']['mean'], h0.mean(0), rtol=1e-5, atol=1e-6)
+
+
+class _NormTwice(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, *, train=False):
+    norm = nn.BatchNorm(use_running_average=not train)
+    return norm(norm(x))
+
+
+class _NormAcrossTheBatch(nn.Module):
+  """Normalises x transposed: the BN layer's first axis is the features."""
+
+  @nn.compact
+  def __call__(self, x, *, train=False):
+    return nn.BatchNorm(use_running_average=not train)(x.T)
+
+
+def _variables_of(model, x):
+  shapes = jax.eval_shape(model.init, jax.random.key(0), x)
+  return jax.tree.map(lambda s: np.ones(s.shape, np.float32), shapes)
+
+
+_X = np.arange(24, dtype=np.float32).reshape(6, 4)
+
+
+@pytest.mark.parametrize('case, message', [
+    ('max_passes=0', 'max_passes must be a positive integer or None, got 0.'),
+    ('max_examples=0', 'max_examples must be a positive integer or None, got 0.'),
+    ('max_examples=2.5', 'max_examples must be a positive integer or None, got 2.5.'),
+    ('growing batches', 'A batch of 6 examples follows a first batch of 3; the batches may shrink '
+                        '(the last one) but not grow.'),
+    ('all masked', 'The batches hold no example (every batch was empty or masked out).'),
+    ('called twice', "The BatchNorm layer 'BatchNorm_0' is called more than once per apply, so its "
+                     'population statistics are not defined.'),
+    ('batch axis not first', "The BatchNorm layer 'BatchNorm_0' normalises an input of shape (4, 6) "
+                             'whose first axis is not the batch of 6 examples.'),
+    ('no batch norm called', 'The model calls no BatchNorm layer when applied with these arguments, '
+                             'so there are no statistics to recompute.'),
+])
+def test_what_cannot_be_computed_is_refused_in_one_sentence(case, message):
+  model = {'called twice': _NormTwice(), 'batch axis not first': _NormAcrossTheBatch()}.get(
+      case, MLP(features=(3, 2), batch_norm=True))
+  variables = _variables_of(model, _X)
+  if case == 'no batch norm called':  # the statistics of a model with batch norm
+    model = MLP(features=(3, 2))
+    variables = {**_variables_of(model, _X), 'batch_stats': variables['batch_stats']}
+  options, batches = {}, [{'input': _X}]
+  if case.startswith('max_'):
+    name, value = case.split('=')
+    options[name] = float(value) if '.' in value else int(value)
+  elif case == 'growing batches':
+    batches = [{'input': _X[:3]}, {'input': _X}]
+  elif case == 'all masked':
+    batches = [{'input': _X, 'mask': np.zeros(6, np.int32)}]
+  with pytest.raises(ValueError) as info:
+    batch_stats.recompute_batch_stats(model, variables, lambda: iter(batches), **options)
+  assert str(info.value) == message
+
+
+def test_the_loop_stops_at_the_first_pass_within_the_tolerance(trained):
+  """With the third pass's change as the tolerance, the loop ends after that pass (a change
+  equal to the tolerance is within it), the first two having changed more."""
+  model, variables, x, _ = trained
+  _, exact = batch_stats.recompute_batch_stats(model, variables, _batches(x))
+  changes = exact['changes']  # not monotone: 5.4, 18.2, 1.02, 26.5, 0.73, 0 when measured
+  assert exact['passes'] > 3 and min(changes[:2]) > changes[2]
+  _, info = batch_stats.recompute_batch_stats(model, variables, _batches(x), tolerance=changes[2])
+  assert info['passes'] == 3 and info['changes'] == changes[:3] and info['converged']
+
+
+class _NormInAMethod(nn.Module):
+  """Batch norm only in `features`; `__call__` returns its input."""
+
+  def setup(self):
+    self.norm = nn.BatchNorm()
+
+  def __call__(self, x, *, train=False):
+    return x
+
+  def features(self, x, *, train=False):
+    return self.norm(x, use_running_average=not train)
+
+
+def test_the_statistics_of_the_method_applied():
+  model = _NormInAMethod()
+  x = np.random.default_rng(5).normal(size=(10, 3)).astype(np.float32) * [1.0, 2.0, 3.0]
+  variables = jax.tree.map(np.asarray, model.init(jax.random.key(0), x, method='features'))
+  stats, info = batch_stats.recompute_batch_stats(model, variables, _batches(x, 4), method='features')
+  np.testing.assert_allclose(stats['norm']['mean'], x.mean(0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(stats['norm']['var'], x.astype(np.float64).var(0), rtol=1e-5)
+  assert info['layers'] == ['norm'] and info['examples'] == 10

@@ -1,8 +1,10 @@
-"""Metrics reach metrics.jsonl and TensorBoard event files with the values written."""
+"""Metrics reach metrics.jsonl, TensorBoard event files and the progress line with the values
+written; a resumed run keeps only the records of the steps it does not replay."""
 
 import glob
 import json
 import struct
+import time
 
 from tensorboardX.proto import event_pb2
 
@@ -71,7 +73,48 @@ def test_hook_outputs_go_to_jsonl_tensorboard_and_sample_files(tmp_path):
   assert png.shape[:2] == (4, 6)
   # Gray levels kept to the 8-bit colour map's step (matplotlib bins [0, 1] into 256 levels).
   np.testing.assert_allclose(png[..., 0], image[..., 0], atol=2 / 255)
-  assert list((tmp_path / 'tensorboard').glob('events.out.tfevents.*'))
+  (event_file,) = glob.glob(str(tmp_path / 'tensorboard' / 'events.out.tfevents.*'))
+  values = {v.tag: v for e in _read_events(event_file) for v in e.summary.value}
+  assert sorted(values) == ['eval/bits_per_dim', 'samples/grid', 'samples/text/text_summary']
+  assert list(values['samples/text/text_summary'].tensor.string_val) == [b'to be or not']
+  assert (values['samples/grid'].image.height, values['samples/grid'].image.width) == (4, 6)
+
+
+def test_a_resumed_run_keeps_whole_records_up_to_its_step_and_knows_which(tmp_path):
+  """A run killed while it wrote the eval record of step 3, its last checkpoint: the torn
+  record is dropped (else the next record would be appended to its line), and the resumed
+  writer knows that step 3 has a train record but no eval one, which it then writes."""
+  records = [{'step': 1, 'split': 'train', 'loss': 1.0}, {'step': 1, 'split': 'eval', 'loss': 2.0},
+             {'step': 2, 'split': 'train', 'loss': 3.0}, {'step': 3, 'split': 'train', 'loss': 4.0},
+             {'step': 3, 'split': 'eval', 'loss': 5.0}]
+  # The last record is whole but for its newline.
+  text = ''.join(json.dumps(r) + '\n' for r in records[:4]) + json.dumps(records[4])
+  (tmp_path / 'metrics.jsonl').write_text(text)
+  writer = MetricWriter(str(tmp_path), total_steps=4, start_step=3)
+  assert all(writer.recorded(r['step'], r['split']) for r in records[:4])
+  assert not writer.recorded(3, 'eval') and not writer.recorded(2, 'eval')
+  writer.write(3, 'eval', {'loss': 5.5})
+  writer.close()
+  rows = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert rows == records[:4] + [{'step': 3, 'split': 'eval', 'loss': 5.5}]
+  # Resumed from step 1, the records of later steps are gone, and so is what it knew of them.
+  writer = MetricWriter(str(tmp_path), total_steps=4, start_step=1)
+  assert writer.recorded(1, 'eval') and not writer.recorded(2, 'train')
+  writer.close()
+  assert [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()] == (
+      records[:2])
+
+
+def test_progress_line_shows_the_fraction_done_and_this_session_s_rate(tmp_path, capsys):
+  """A session resumed at step 10 that reached step 20 of 40 in 30 s: half the bar, and
+  20 steps left at 3 s a step (its own 10 steps), 60 s, not 30 s (20 steps in 30 s)."""
+  writer = MetricWriter(str(tmp_path), total_steps=40, start_step=10)
+  writer.start_time = time.time() - 30
+  writer.write(20, 'train', {'loss': 0.25, 'tokens': 123456.0})
+  writer.close()
+  line = capsys.readouterr().err.strip()
+  assert line == ('[##########..........] 20/40 train: loss=0.25 tokens=1.235e+05 | 30s elapsed, '
+                  'eta 60s')
 
 
 def _tensorboard_view(logdir):
@@ -101,3 +144,16 @@ def test_a_resumed_run_purges_the_steps_it_replays_from_tensorboard(tmp_path):
   assert _tensorboard_view(tmp_path / 'tensorboard') == {
       ('train/loss', 10): [10.0], ('train/loss', 20): [20.0], ('train/loss', 30): [30.5],
       ('train/loss', 40): [40.5]}
+
+
+def test_an_image_outside_the_unit_range_is_clipped_to_it(tmp_path):
+  """A colour sample a little outside [0, 1] (as a sampler's output can be) is written
+  clipped: matplotlib refuses such a float RGB image."""
+  import matplotlib.image  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  writer = MetricWriter(str(tmp_path), total_steps=10)
+  image = np.linspace(-0.2, 1.2, 2 * 5 * 3).reshape(2, 5, 3)
+  writer.write_outputs(10, {'sample': image})
+  writer.close()
+  png = matplotlib.image.imread(tmp_path / 'samples' / 'sample_10.png')
+  np.testing.assert_allclose(png[..., :3], np.clip(image, 0, 1), atol=1 / 255)

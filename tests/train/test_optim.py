@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
 from train import optim
@@ -150,11 +151,15 @@ def test_momentum_is_heavy_ball_on_a_quadratic(mu):
     (dict(name='rmsprop'), "Unknown optimizer 'rmsprop'"),
     (dict(learning_rate=0.0), 'learning_rate must be positive'),
     (dict(learning_rate=float('inf')), 'optimizer.learning_rate must be a finite number'),
+    # bool is a subclass of int: True would have been a learning rate of 1.
+    (dict(learning_rate=True), 'optimizer.learning_rate must be a finite number that is positive, '
+                               'got True'),
     (dict(schedule='linear'), "Unknown learning-rate schedule 'linear'"),
     (dict(schedule='warmup_cosine', warmup_steps=100), 'warmup_steps must be an integer in [0, 100)'),
     # A fraction of the run ("10 % warm-up") reached the peak after one step.
     (dict(schedule='warmup_cosine', warmup_steps=0.1), 'warmup_steps must be an integer in [0, 100)'),
     (dict(schedule='warmup_cosine', warmup_steps=True), 'warmup_steps must be an integer'),
+    (dict(schedule='warmup_cosine', warmup_steps=-1), 'warmup_steps must be an integer in [0, 100)'),
     # Only warmup_cosine warms up: the others ignored it.
     (dict(schedule='cosine', warmup_steps=3),
      "warmup_steps=3 warms up only the 'warmup_cosine' schedule, not 'cosine'"),
@@ -181,6 +186,7 @@ def test_momentum_is_heavy_ball_on_a_quadratic(mu):
     (dict(schedule='step', boundaries=(0.5, 1.0)),
      'strictly between 0 and 1 (not step numbers), got (0.5, 1.0)'),
     (dict(schedule='step', boundaries=0.5), 'optimizer.boundaries must be fractions of the run'),
+    (dict(schedule='step', boundaries=(0.0, 0.5)), 'strictly between 0 and 1 (not step numbers)'),
     (dict(schedule='step', boundaries=(0.75, 0.5)),
      'optimizer.boundaries must be strictly increasing, got (0.75, 0.5)'),
     (dict(schedule='step', boundaries=(0.5, 0.5)),
@@ -196,6 +202,13 @@ def test_bad_optimizer_config(change, fragment):
   message = str(info.value)
   assert fragment in message
   assert '\n' not in message and message.endswith('.')
+
+
+def test_a_block_without_a_learning_rate_is_refused():
+  # The one key without a default.
+  with pytest.raises(ValueError, match=r'^optimizer\.learning_rate must be a finite number that is '
+                                       r'positive, got None\.$'):
+    optim.make_optimizer(ml_collections.ConfigDict(dict(name='sgd')), 10)
 
 
 def test_boundaries_that_collide_on_a_short_run_name_both_and_the_run_length():
@@ -221,3 +234,86 @@ def test_step_boundaries_are_fractions_of_the_run_truncated_to_steps():
   expected = [peak] * 2 + [peak * factor] * 3 + [peak * factor ** 2] * 6
   got = [float(schedule(t)) for t in range(total + 1)]
   np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize('change', [
+    dict(name='sgd', eps=0.0), dict(name='adam', b1=0.0, b2=0.0), dict(name='momentum', momentum=0.0),
+    dict(weight_decay=0.0), dict(grad_clip_norm=0.0), dict(schedule='cosine', final_lr_fraction=0.0),
+    dict(schedule='cosine', final_lr_fraction=1.0), dict(schedule='warmup_cosine', warmup_steps=99),
+    dict(schedule='step', boundaries=(0.01, 0.99)), dict(schedule='step', boundaries=()),
+], ids=str)
+def test_values_at_the_closed_ends_of_their_ranges_are_accepted(change):
+  optim.validate(_config(**change), 100)
+
+
+def test_a_cosine_floor_of_the_whole_peak_is_a_constant_rate():
+  lr = optim.make_schedule(_config(schedule='cosine', final_lr_fraction=1.0), 100)
+  np.testing.assert_allclose([float(lr(t)) for t in range(0, 101, 10)], 0.1, rtol=1e-6)
+
+
+# The value of a key an optimizer block leaves out (as in experiments/configs/default.py, but
+# for the schedule); the tests above check these values against the formulas.
+_DEFAULTS = dict(schedule='constant', warmup_steps=0, final_lr_fraction=0.0,
+                 boundaries=(0.5, 0.75), decay_factor=0.1, grad_clip_norm=0.0, momentum=0.9,
+                 nesterov=False, b1=0.9, b2=0.999, eps=1e-8, weight_decay_mask='all')
+
+
+def _trajectory(config, steps=3):
+  """Parameters after each of `steps` updates with gradients and parameters far from 0."""
+  tx, _ = optim.make_optimizer(config, 100)
+  rng = np.random.default_rng(3)
+  params = {'dense': {'kernel': jnp.asarray(1 + rng.uniform(size=(2, 3)), jnp.float32),
+                      'bias': jnp.asarray(1 + rng.uniform(size=3), jnp.float32)}}
+  opt_state, trajectory = tx.init(params), []
+  for _ in range(steps):
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    trajectory.append(params)
+  return jax.device_get(trajectory)
+
+
+@pytest.mark.parametrize('name', optim.OPTIMIZERS)
+def test_a_block_of_name_and_learning_rate_takes_the_defaults(name):
+  """Every key as in _DEFAULTS; weight decay 0, but 1e-4 for 'adamw'."""
+  minimal = _trajectory(ml_collections.ConfigDict(dict(name=name, learning_rate=0.1)))
+  weight_decay = 1e-4 if name == 'adamw' else 0.0
+  spelled = dict(name=name, learning_rate=0.1, weight_decay=weight_decay, **_DEFAULTS)
+  for got, want in zip(minimal, _trajectory(ml_collections.ConfigDict(spelled))):
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+  if name == 'adamw':  # the decay shows: 1e-4 moves the parameters by ~1e-5 a step
+    undecayed = _trajectory(ml_collections.ConfigDict(dict(spelled, weight_decay=0.0)))
+    assert not np.array_equal(minimal[-1]['dense']['bias'], undecayed[-1]['dense']['bias'])
+
+
+@pytest.mark.parametrize('schedule', optim.SCHEDULES)
+def test_a_schedule_left_at_its_defaults_follows_them(schedule):
+  total = 40
+  minimal = optim.make_schedule(ml_collections.ConfigDict(dict(name='sgd', learning_rate=0.1,
+                                                               schedule=schedule)), total)
+  spelled = optim.make_schedule(_config(schedule=schedule, **{k: v for k, v in _DEFAULTS.items()
+                                                              if k != 'schedule'}), total)
+  got, want = ([float(lr(t)) for t in range(total + 1)] for lr in (minimal, spelled))
+  assert got == want
+  if schedule == 'step':  # ×0.1 at steps int(0.5·40) and int(0.75·40)
+    np.testing.assert_allclose(got[19:22] + got[29:31], [0.1, 0.01, 0.01, 0.01, 0.001], rtol=1e-6)
+
+
+def test_adam_ignores_weight_decay_and_adamw_decouples_it():
+  """First step from θ₀ ≠ 0: 'adam' moves by −η g/(|g| + ε) whatever weight_decay says;
+  'adamw' by −η (g/(|g| + ε) + λ θ₀)."""
+  g, theta = jnp.array([0.3, -2.0, 1e-3]), jnp.array([1.0, -2.0, 3.0])
+  lr, decay = 0.01, 0.5
+  adam_step = -lr * g / (jnp.abs(g) + 1e-8)
+  for name, expected in (('adam', theta + adam_step),
+                         ('adamw', theta + adam_step - lr * decay * theta)):
+    out = _run(_config(name=name, learning_rate=lr, weight_decay=decay), [g], theta)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, err_msg=name)
+
+
+def test_the_kernels_mask_reads_a_bare_array_or_top_level_leaves():
+  """A parameter tree of one array (no path) is a kernel when it has two dimensions; a
+  top-level 'bias' leaf is spared."""
+  mask = optim.decay_mask('kernels')
+  assert mask(jnp.ones((2, 3))) is True and mask(jnp.ones(3)) is False
+  assert mask({'bias': jnp.ones((2, 3)), 'w': jnp.ones((2, 3))}) == {'bias': False, 'w': True}

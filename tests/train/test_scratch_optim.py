@@ -74,6 +74,13 @@ CASES = {
     'adam': (scratch_optim.adam_init,
              functools.partial(scratch_optim.adam_step, learning_rate=0.05, b1=0.9, b2=0.99, eps=1e-8),
              optax.adam(0.05, b1=0.9, b2=0.99, eps=1e-8)),
+    # Adam's defaults are Kingma & Ba's (β1 = 0.9, β2 = 0.999, ε = 1e-8), as are Optax's.
+    'adam_defaults': (scratch_optim.adam_init,
+                      functools.partial(scratch_optim.adam_step, learning_rate=0.05), optax.adam(0.05)),
+    # A large ε shows where it enters: added to √ŝ, not under the root.
+    'adam_large_eps': (scratch_optim.adam_init,
+                       functools.partial(scratch_optim.adam_step, learning_rate=0.05, eps=0.5),
+                       optax.adam(0.05, eps=0.5)),
 }
 
 
@@ -110,6 +117,16 @@ def test_adam_first_step_is_sign_of_gradient_thanks_to_bias_correction():
                                        eps=1e-8)
   np.testing.assert_allclose(new['a'] - params['a'], [-0.1, 0.1, -0.1], rtol=1e-4)
   assert int(state.count) == 1
+
+
+def test_heavy_ball_with_momentum_one_sums_every_gradient():
+  # m = 1 is allowed (m ∈ [0, 1]): with a constant gradient, v_t = -γ t g and θ_t = -γ g t(t+1)/2.
+  params, grads = {'a': jnp.zeros(2)}, {'a': jnp.array([1.0, -2.0])}
+  state = scratch_optim.momentum_init(params)
+  for t in range(1, 5):
+    params, state = scratch_optim.heavy_ball_step(params, grads, state, learning_rate=0.1, momentum=1.0)
+    np.testing.assert_allclose(state.velocity['a'], -0.1 * t * grads['a'], rtol=1e-6)
+  np.testing.assert_allclose(params['a'], -0.1 * grads['a'] * 10, rtol=1e-6)
 
 
 def test_momentum_accumulates_a_constant_gradient_geometrically():
@@ -184,6 +201,23 @@ def test_the_rate_fails_when_the_step_exceeds_two_over_l():
 def test_bad_hyperparameters_are_rejected(call, message):
   with pytest.raises(ValueError, match=message):
     call({'a': jnp.ones(2)})
+
+
+_STEPS_WITH_A_LEARNING_RATE = {
+    'gradient_descent': lambda p, lr: scratch_optim.gradient_descent_step(p, p, learning_rate=lr),
+    'heavy_ball': lambda p, lr: scratch_optim.heavy_ball_step(
+        p, p, scratch_optim.momentum_init(p), learning_rate=lr, momentum=0.9),
+    'ema_momentum': lambda p, lr: scratch_optim.ema_momentum_step(
+        p, p, scratch_optim.momentum_init(p), learning_rate=lr, beta=0.9),
+    'adam': lambda p, lr: scratch_optim.adam_step(p, p, scratch_optim.adam_init(p), learning_rate=lr),
+}
+
+
+@pytest.mark.parametrize('learning_rate', [0.0, -0.1])
+@pytest.mark.parametrize('name', sorted(_STEPS_WITH_A_LEARNING_RATE))
+def test_every_optimiser_refuses_a_learning_rate_that_is_not_positive(name, learning_rate):
+  with pytest.raises(ValueError, match=f'^learning_rate must be positive, got {learning_rate}\\.$'):
+    _STEPS_WITH_A_LEARNING_RATE[name]({'a': jnp.ones(2)}, learning_rate)
 
 
 @pytest.mark.parametrize('call,message', [

@@ -1,4 +1,5 @@
-"""The pure train/eval steps: random streams, weighted sums, masking, EMA, accumulation."""
+"""The pure train/eval steps: random streams, weighted sums, masking, EMA, accumulation, the
+guard against non-finite steps and stop requests."""
 
 import dataclasses
 import functools
@@ -409,3 +410,150 @@ def test_micro_batch_dropout_streams_fold_in_the_micro_batch_index():
                          rngs={'dropout': key})
     total += float(optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'][rows]).sum())
   np.testing.assert_allclose(float(metrics['totals']['loss'][0]), total, rtol=1e-5)
+
+
+def test_a_skipped_step_keeps_the_moments_running_statistics_and_average():
+  """After a NaN batch through batch norm, Adam and the parameter EMA, every part of the state
+  is as it was (Adam's moments and count, the running statistics, the average), but for the
+  step counter; the skipped step and the next one report the rate of the schedule at the
+  number of updates made (1), not at the step (2)."""
+  config = ml_collections.ConfigDict(dict(name='adam', learning_rate=0.1, schedule='cosine'))
+  tx, lr_fn = optim.make_optimizer(config, 10)
+  model = MLP(features=(6, 3), batch_norm=True)
+  task = _classification()
+  rng = np.random.default_rng(4)
+  batch = {'input': rng.normal(size=(8, 4)).astype(np.float32),
+           'label': rng.integers(0, 3, size=8).astype(np.int32)}
+  state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch, ema=True)
+  train = jax.jit(functools.partial(step.train_step, model=model, task=task, tx=tx,
+                                    learning_rate_fn=lr_fn, ema_decay=0.5))
+  # One real update first, so that the moments, the statistics and the average all differ
+  # from their initial values (and the average from the parameters).
+  state, _ = train(state, batch)
+  assert not np.allclose(jax.tree.leaves(state.ema_params)[0], jax.tree.leaves(state.params)[0])
+  skipped, metrics = train(state, {**batch, 'input': np.full_like(batch['input'], np.nan)})
+  assert int(metrics['skipped']) == 1 and int(skipped.step) == 2
+  reported = [float(metrics['learning_rate'])]
+  for name in ('params', 'opt_state', 'model_state', 'ema_params', 'rng'):
+    before, after = getattr(state, name), getattr(skipped, name)
+    assert jax.tree.structure(after) == jax.tree.structure(before), name
+    for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+      np.testing.assert_array_equal(y, x, err_msg=name)
+  _, metrics = train(skipped, batch)
+  assert int(metrics['skipped']) == 0
+  reported.append(float(metrics['learning_rate']))
+  # lr(t) = 0.1 · ½(1 + cos(πt/10)): lr(1), the rate of the second update, not lr(2).
+  np.testing.assert_allclose(reported, 0.1 * 0.5 * (1 + np.cos(np.pi / 10)), rtol=1e-5)
+
+
+class _Linear(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, *, train=False):
+    return nn.Dense(1)(x)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _PoisonedTask(tasks.Task):
+  """Loss out², or with `poison` a loss of which one quantity of the step is not finite."""
+  poison: str = 'none'
+
+  def model_inputs(self, batch):
+    return (batch['input'],)
+
+  def loss(self, model, batch):
+    out_B = model(batch['input'])
+    loss_B = out_B ** 2
+    if self.poison == 'loss':  # +∞ with gradient 0
+      loss_B = loss_B + jax.lax.stop_gradient(jnp.full_like(out_B, jnp.inf))
+    elif self.poison == 'gradient':  # √(0·out) = 0, whose gradient is ∞·0 = NaN
+      loss_B = loss_B + jnp.sqrt(0.0 * out_B)
+    elif self.poison == 'moment':  # gradients ~1e20, whose squares overflow float32
+      loss_B = 1e20 * out_B
+    return {'loss': tasks.mean_over(loss_B)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoLossTask(_PoisonedTask):
+  """Reports its loss under another name."""
+
+  def loss(self, model, batch):
+    return {'error': tasks.mean_over(model(batch['input']) ** 2)}
+
+
+def test_a_task_loss_without_a_loss_metric_is_refused_naming_what_it_reported():
+  model, task, tx = _Linear(), _NoLossTask(), optax.sgd(0.1)
+  batch = {'input': np.ones((4, 3), np.float32)}
+  state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch)
+  # (Raised while tracing, so JAX appends a note on its filtered traceback.)
+  with pytest.raises(ValueError, match=r"^A task loss must report a \"loss\" metric; it reported "
+                                       r"\['error'\]\."):
+    step.train_step(state, batch, model=model, task=task, tx=tx,
+                    learning_rate_fn=optax.constant_schedule(0.1))
+
+
+@pytest.mark.parametrize('poison, tx', [
+    ('none', optax.sgd(0.1)),
+    # Only the loss is infinite: its gradient, the update and the new state are finite.
+    ('loss', optax.sgd(0.1)),
+    # Only the gradient is NaN: this optimiser's update (0) and the new state are finite.
+    ('gradient', optax.set_to_zero()),
+    # Only Adam's second moment is infinite: the update m̂ / (√∞ + ε) = 0 and the parameters
+    # are finite, but kept, that moment would stop every later update of the parameter.
+    ('moment', optax.adam(0.1)),
+], ids=['none', 'loss', 'gradient', 'moment'])
+def test_a_single_non_finite_quantity_skips_the_step(poison, tx):
+  model, task = _Linear(), _PoisonedTask(poison=poison)
+  batch = {'input': np.random.default_rng(5).normal(size=(8, 3)).astype(np.float32)}
+  state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch, ema=True)
+  # An average away from the parameters, which a step that is not skipped moves.
+  state = state.replace(ema_params=jax.tree.map(lambda p: p + 1.0, state.params))
+  new_state, metrics = jax.jit(functools.partial(
+      step.train_step, model=model, task=task, tx=tx,
+      learning_rate_fn=optax.constant_schedule(0.1), ema_decay=0.5))(state, batch)
+  loss = float(metrics['totals']['loss'][0])
+  assert (loss == np.inf) == (poison == 'loss')
+  # (The gradient norm squares the gradients too: infinite for 'moment'.)
+  assert np.isfinite(float(metrics['grad_norm'])) == (poison in ('none', 'loss'))
+  assert int(metrics['skipped']) == (poison != 'none') and int(new_state.step) == 1
+  for before, after in zip(jax.tree.leaves((state.params, state.ema_params)),
+                           jax.tree.leaves((new_state.params, new_state.ema_params))):
+    assert np.array_equal(after, before) == (poison != 'none')
+  if poison == 'moment':
+    jax.tree.map(np.testing.assert_array_equal, new_state.opt_state, state.opt_state)
+
+
+def test_a_stop_request_from_any_example_is_reported_and_is_not_model_input():
+  """The step reports max(stop_requested) over the batch; the flag never reaches the task,
+  so the update is the same with or without it, and with accumulation."""
+  model, task, state, train_step, batch = _setup(dropout_rate=0.0)
+  plain, metrics = train_step(state, batch)
+  assert 'stop_requested' not in metrics
+  accumulate = jax.jit(functools.partial(step.train_step, model=model, task=task, tx=optax.sgd(0.1),
+                                         learning_rate_fn=optax.constant_schedule(0.1),
+                                         grad_accum_steps=2))
+  for fn in (train_step, accumulate):
+    # Row 5 lies in the second micro-batch.
+    for flags, expected in ((np.zeros(8, np.int32), 0), (np.eye(8, dtype=np.int32)[5], 1)):
+      new_state, metrics = fn(state, {**batch, 'stop_requested': flags})
+      assert int(metrics['stop_requested']) == expected
+      for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(plain.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_eval_step_runs_the_model_in_inference_mode():
+  """No dropout, and batch norm by the running statistics (not those of the batch): the sums
+  equal the model applied with train=False."""
+  model = MLP(features=(16, 3), dropout_rate=0.5, batch_norm=True)
+  task, tx = _classification(), optax.sgd(0.1)
+  rng = np.random.default_rng(6)
+  batch = {'input': 3 + rng.normal(size=(8, 4)).astype(np.float32),
+           'label': rng.integers(0, 3, size=8).astype(np.int32)}
+  state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch)
+  state, _ = jax.jit(functools.partial(step.train_step, model=model, task=task, tx=tx,
+                                       learning_rate_fn=optax.constant_schedule(0.1)))(state, batch)
+  sums = step.eval_step(state, {**batch, 'mask': np.ones(8, np.int32)}, 0, model=model, task=task)
+  logits = model.apply({'params': state.params, **state.model_state}, batch['input'], train=False)
+  expected = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label']).sum()
+  np.testing.assert_allclose(sums['loss'][0], expected, rtol=1e-5)
+  assert float(sums['accuracy'][0]) == float((logits.argmax(-1) == batch['label']).sum())
