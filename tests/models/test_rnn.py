@@ -479,3 +479,36 @@ def test_inputs_without_a_feature_axis_are_one_sentence():
   layer = rnn.Recurrent('gru', 4)
   with pytest.raises(ValueError, match=r'reads inputs of shape \[B, T, C\], got shape \(2, 5\)\.'):
     layer.init(jax.random.PRNGKey(0), jnp.ones((2, 5)))
+
+
+def test_dropout_between_layers_is_inverted_and_spares_the_first_layers_input():
+  """With rate p, layer 2 reads m ⊙ y¹ / (1 − p) in training (m ∈ {0, 1}, P(m = 0) = p) and y¹ at
+  inference; layer 1 reads x undropped. Layer 2 is an Elman cell with W_xh = I, W_hh = 0, b = 0,
+  so its input is recovered exactly as arctanh of its output."""
+  rate = 0.25
+  p0 = equation_params('elman', C, H, seed=50)
+  p1 = {'W_xh': np.eye(H), 'W_hh': np.zeros((H, H)), 'b_h': np.zeros(H)}
+  variables = {'params': {f'layer{layer}_forward': {'SimpleCell_0': flax_params('elman', p)}
+                          for layer, p in enumerate((p0, p1))}}
+  model = rnn.RNN('elman', H, num_layers=2, dropout_rate=rate)
+  x_BxTxC = inputs(B, T, C, seed=51)
+
+  @jax.jit
+  def run(variables, x_BxTxC):
+    return (model.apply(variables, x_BxTxC, train=True, rngs={'dropout': jax.random.PRNGKey(3)}),
+            model.apply(variables, x_BxTxC))
+
+  (y_train, carries_train), (y_eval, carries_eval) = run(variables, x_BxTxC)
+  y1, _ = reference_layer('elman', p0, x_BxTxC, [T] * B)
+  # Inference: no dropout, the plain stack.
+  expected_y, expected_carries = reference_rnn('elman', [[p0], [p1]], x_BxTxC, [T] * B)
+  np.testing.assert_allclose(y_eval, expected_y, **TOL)
+  assert_trees_close(carries_eval, expected_carries, **TOL)
+  # Training: the first layer is untouched …
+  assert_trees_close(carries_train[0], expected_carries[0], **TOL)
+  # … and the second reads y¹ scaled by 0 or 1 / (1 − p) = 4/3 per unit and step.
+  ratio = np.arctanh(np.asarray(y_train, np.float64)) / y1
+  assert np.min(np.abs(y1)) > 1e-3
+  dropped = np.abs(ratio) < 1e-4
+  np.testing.assert_allclose(ratio[~dropped], 1 / (1 - rate), rtol=1e-4)
+  assert 0.1 < dropped.mean() < 0.45
