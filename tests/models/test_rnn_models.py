@@ -392,3 +392,37 @@ def test_seq2seq_attention_over_an_empty_source_is_one_sentence():
   with pytest.raises(ValueError, match=r"attention='dot' needs a source of at least one step to "
                                        r'attend over, got shape \(3, 0\)\.'):
     model.apply(variables, targets, SOURCE[:, :0])
+
+
+DROPOUT_MODELS = {
+    'classifier': (lambda rate: rnn_models.RNNClassifier(4, features=8, num_layers=2, vocab_size=60,
+                                                         embed_dim=4, dropout_rate=rate),
+                   (SOURCE, LENGTHS)),
+    'tagger': (lambda rate: rnn_models.RNNTagger(3, vocab_size=60, embed_dim=4, features=8,
+                                                 dropout_rate=rate), (SOURCE, LENGTHS)),
+    'language_model': (lambda rate: rnn_models.RNNLanguageModel(60, features=8, embed_dim=4,
+                                                                dropout_rate=rate), (SOURCE,)),
+    'seq2seq': (lambda rate: rnn_models.Seq2Seq(60, features=8, embed_dim=4, attention='additive',
+                                                attention_features=8, dropout_rate=rate),
+                (SOURCE[:, :5], SOURCE, LENGTHS)),
+}
+
+
+@pytest.mark.parametrize('name', DROPOUT_MODELS)
+def test_dropout_acts_in_training_only(name):
+  """At inference a model with dropout computes what the same parameters compute without it; in
+  training some activations are dropped, so the logits differ."""
+  build, args = DROPOUT_MODELS[name]
+  model, plain = build(0.3), build(0.0)
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), *args)
+  assert jax.tree.map(jnp.shape, variables) == jax.tree.map(
+      lambda a: a.shape, jax.eval_shape(plain.init, jax.random.PRNGKey(0), *args))
+
+  @jax.jit
+  def run(variables):
+    return (plain.apply(variables, *args), model.apply(variables, *args),
+            model.apply(variables, *args, train=True, rngs={'dropout': jax.random.PRNGKey(1)}))
+
+  expected, inference, trained = run(variables)
+  np.testing.assert_allclose(inference, expected, rtol=1e-6, atol=1e-6)
+  assert np.max(np.abs(np.asarray(trained) - np.asarray(expected))) > 1e-3
