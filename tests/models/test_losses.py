@@ -240,6 +240,22 @@ def test_regression_losses_reduce_all_but_the_batch_axis():
   np.testing.assert_allclose(losses.mean_absolute_error(jnp.arange(4.0), jnp.zeros(4)), [0, 1, 2, 3])
 
 
+# Language-model summaries.
+
+
+def test_language_model_summary_by_hand():
+  # 6 tokens spelling 12 characters with a summed NLL of 12 ln 2 nats: 2 ln 2 nats per token,
+  # perplexity e^{2 ln 2} = 4, and 12 ln 2 / 12 / ln 2 = 1 bit per character.
+  summary = losses.language_model_summary(12 * math.log(2), 6, 12, 'char')
+  assert set(summary) == {'loss', 'perplexity', 'bits_per_char'}
+  np.testing.assert_allclose(summary['loss'], 2 * math.log(2), rtol=1e-12)
+  np.testing.assert_allclose(summary['perplexity'], 4.0, rtol=1e-12)
+  np.testing.assert_allclose(summary['bits_per_char'], 1.0, rtol=1e-12)
+  # Bits are per unit, not per token: 3 bytes of the same 6 tokens are 4 bits each.
+  np.testing.assert_allclose(losses.language_model_summary(12 * math.log(2), 6, 3, 'byte')['bits_per_byte'],
+                             4.0, rtol=1e-12)
+
+
 # Bad input.
 
 
