@@ -90,6 +90,27 @@ def test_batch_norm_normalises_with_batch_statistics_in_training_and_running_one
                              rtol=1e-4, atol=1e-4)
 
 
+def test_batch_norm_axis_name_averages_statistics_over_the_mapped_axis():
+  # Two shards of three examples under vmap(axis_name) normalise with the statistics of the whole
+  # batch of six, and store its running averages; without the axis name each shard uses its own.
+  x = np.random.default_rng(8).normal(size=(6, 40)).astype(np.float32)
+  model = CNN1D(channels=(4, 4), kernel_sizes=(5, 3), strides=(2, 2), batch_norm=True)
+  variables = model.init(jax.random.PRNGKey(9), jnp.zeros((1, 40)))
+  whole, whole_stats = model.apply(variables, x, train=True, mutable=['batch_stats'])
+  np.testing.assert_allclose(whole, _numpy_forward(variables['params'], x, (2, 2), 1,
+                                                   pooling='flatten', batch_norm='batch'),
+                             rtol=1e-4, atol=1e-4)
+  for axis_name, same in (('shards', True), (None, False)):
+    sharded = CNN1D(channels=(4, 4), kernel_sizes=(5, 3), strides=(2, 2), batch_norm=True,
+                    batch_norm_axis_name=axis_name)
+    apply = lambda x: sharded.apply(variables, x, train=True, mutable=['batch_stats'])
+    logits, stats = jax.vmap(apply, axis_name='shards')(x.reshape(2, 3, 40))
+    assert np.allclose(logits.reshape(6, 10), whole, rtol=1e-4, atol=1e-5) == same
+    if same:
+      jax.tree.map(lambda s, w: np.testing.assert_allclose(s[0], w, rtol=1e-4, atol=1e-6),
+                   stats['batch_stats'], whole_stats['batch_stats'])
+
+
 def test_dropout_acts_only_in_training_and_rescales_the_kept_features():
   model = CNN1D(pooling='max', dropout_rate=0.5)
   x = np.random.default_rng(7).normal(size=(64, 40)).astype(np.float32)
