@@ -145,6 +145,30 @@ def test_alexnet_dropout_only_in_training():
   np.testing.assert_array_equal(model.apply(variables, x_Bx32x32x3), model.apply(variables, x_Bx32x32x3))
 
 
+def test_alexnet_dropout_is_on_the_inputs_of_the_first_two_dense_layers():
+  """h = φ(W₆ d₁(flatten h)), h = φ(W₇ d₂(h)), logits = W₈ h: dᵢ keeps a unit with probability
+  1 − p and scales it by 1 / (1 − p); the output layer reads h undropped."""
+  rate = 0.25
+  x_Bx32x32x3 = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
+  model = AlexNet(10, width_multiplier=0.125, dropout_rate=rate)
+  variables = model.init(jax.random.key(1), x_Bx32x32x3)
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), variables['params'])
+  _, evaluated = model.apply(variables, x_Bx32x32x3, capture_intermediates=True)
+  logits, trained = model.apply(variables, x_Bx32x32x3, train=True, capture_intermediates=True,
+                                rngs={'dropout': jax.random.key(2)})
+  h_BxF = np.asarray(evaluated['intermediates']['Dropout_0']['__call__'][0], np.float64)
+  assert h_BxF.shape == (2, 4 * 4 * 32)  # the flattened last feature map
+  for index in range(2):
+    dropped = np.asarray(trained['intermediates'][f'Dropout_{index}']['__call__'][0], np.float64)
+    kept = dropped != 0  # (a unit that ReLU set to 0 stays 0 either way)
+    assert 0.5 < kept[h_BxF != 0].mean() < 0.95
+    np.testing.assert_allclose(dropped[kept], h_BxF[kept] / (1 - rate), rtol=1e-5, atol=1e-6)
+    dense = p[f'Dense_{index}']
+    h_BxF = _relu(dropped @ dense['kernel'] + dense['bias'])
+  np.testing.assert_allclose(logits, h_BxF @ p['Dense_2']['kernel'] + p['Dense_2']['bias'],
+                             rtol=1e-4, atol=1e-5)
+
+
 def _numpy_alexnet(params, x_BxHxWxC):
   """AlexNet in float64 NumPy (evaluation: no dropout): 'SAME' convolutions of sizes 3, 5, 3, 3, 3,
   each followed by ReLU, 3×3/2 'SAME' max pooling after conv1, conv2 and conv5, 3 dense layers."""
@@ -303,6 +327,10 @@ def test_zero_init_residual_blocks_start_as_their_shortcut(shortcut, train):
   else:
     assert set(variables['params']) == {'Conv_0', 'BatchNorm_0', 'Conv_1', 'BatchNorm_1',
                                         'shortcut_conv', 'shortcut_norm'}
+    np.testing.assert_array_equal(variables['params']['shortcut_norm']['scale'], np.ones(32))
+  # Only the second BN's γ starts at 0; the first one's is 1.
+  np.testing.assert_array_equal(variables['params']['BatchNorm_1']['scale'], np.zeros(32))
+  np.testing.assert_array_equal(variables['params']['BatchNorm_0']['scale'], np.ones(32))
 
 
 def test_bottleneck_block_zero_init_and_last_scales():
