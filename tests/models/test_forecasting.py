@@ -120,6 +120,23 @@ def test_pooled_model_equals_pooled_stack_features_through_its_head(pooling):
   np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize('kind', ['shifted', 'pooled'])
+def test_dropout_acts_in_training_only(kind):
+  # At inference the stack with dropout computes what the same parameters compute without it
+  # (the NumPy equations for the shifted model); in training some gated activations are dropped.
+  model, plain = _model(kind, dropout_rate=0.3), _model(kind)
+  x_BxT = _series()
+  variables = _init(plain, x_BxT)
+  expected = _apply(plain, variables, x_BxT)
+  if kind == 'shifted':
+    np.testing.assert_allclose(expected, _reference_shifted(variables['params'], x_BxT,
+                                                            SMALL['dilations']), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(_apply(model, variables, x_BxT), expected, rtol=1e-6, atol=1e-6)
+  trained = jax.jit(lambda v, x: model.apply(v, x, train=True, rngs={'dropout': jax.random.key(2)}))(
+      variables, x_BxT)
+  assert np.max(np.abs(np.asarray(trained) - np.asarray(expected))) > 1e-3
+
+
 # Causality -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize('pooling', ['mean', 'max', 'last'])
