@@ -13,6 +13,7 @@ from data import tokenizers
 from models import registry
 from models.transformer.bert import BERT, SPECIAL_TOKENS, special_token_id
 from tests.messages import one_sentence
+from tests.models import dropout_probe
 from train import step, tasks
 from train.state import init_train_state
 
@@ -131,23 +132,12 @@ def test_training_drops_out_the_normalised_embedding_sum():
   variables, apply = _init(model, tokens, segments)
 
   def block_input(train):
-    seen = {}
+    (h0,) = dropout_probe.first_block_inputs(lambda: apply(
+        variables, tokens, segments, train=train, rngs={'dropout': jax.random.PRNGKey(1)})).values()
+    return h0
 
-    def interceptor(next_fun, args, kwargs, context):
-      if context.module.name == 'block0' and context.method_name == '__call__':
-        seen['h0'] = np.asarray(args[0], np.float64)
-      return next_fun(*args, **kwargs)
-
-    with nn.intercept_methods(interceptor):
-      apply(variables, tokens, segments, train=train, rngs={'dropout': jax.random.PRNGKey(1)})
-    return seen['h0']
-
-  normalised_BxTxD = block_input(False)
-  dropped_BxTxD = block_input(True)
-  kept = dropped_BxTxD != 0
-  assert 0.3 < kept.mean() < 0.7, kept.mean()
-  np.testing.assert_allclose(dropped_BxTxD[kept], 2 * normalised_BxTxD[kept], rtol=1e-5,
-                             atol=1e-6)
+  dropout_probe.assert_inverted_dropout(block_input(True), block_input(False), 0.5, rtol=1e-5,
+                                        atol=1e-6)
 
 
 def test_head_is_tied_to_the_token_embedding():

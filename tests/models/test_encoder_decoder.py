@@ -18,6 +18,7 @@ import pytest
 from models import registry
 from models.sequence.rnn_models import BOS_ID
 from models.transformer.encoder_decoder import TransformerSeq2Seq
+from tests.models import dropout_probe
 from tests.models.test_attention import padding_allowed
 from tests.models.test_transformer_reference import (perturbed_params, reference_block,
                                                      reference_layer_norm)
@@ -272,30 +273,17 @@ def test_training_drops_out_the_embedding_sums_of_both_stacks():
   # 1/(1 − 0.5) = 2, about half of each.
   model = _model(num_layers=1, dropout_rate=0.5)
   params = _random_params(model)
-  captured = {}
-
-  def interceptor(next_fun, args, kwargs, context):
-    if context.module.name == 'block0' and context.method_name == '__call__':
-      captured[context.module.parent.name] = args[0]
-    return next_fun(*args, **kwargs)
-
-  @jax.jit
-  def block0_inputs(params):
-    with nn.intercept_methods(interceptor):
-      model.apply({'params': params}, TARGETS, SOURCE, LENGTHS, train=True,
-                  rngs={'dropout': jax.random.PRNGKey(0)})
-    return captured['encoder'], captured['decoder']
-
-  inputs = dict(zip(('encoder', 'decoder'), map(np.asarray, block0_inputs(params))))
+  inputs = jax.jit(lambda params: dropout_probe.first_block_inputs(lambda: model.apply(
+      {'params': params}, TARGETS, SOURCE, LENGTHS, train=True,
+      rngs={'dropout': jax.random.PRNGKey(0)})))(params)
+  assert set(inputs) == {'encoder', 'decoder'}
   width = model.features
   for stack, embed, tokens in (('encoder', 'source_embed', SOURCE),
                                ('decoder', 'target_embed', TARGETS)):
     table = np.asarray(params[stack][embed]['embed']['embedding'], np.float64)
     expected = np.sqrt(width) * table[tokens] + _sinusoidal(tokens.shape[1], width)[None]
-    kept = inputs[stack] != 0
-    assert 0.3 < kept.mean() < 0.7, (stack, kept.mean())
-    np.testing.assert_allclose(inputs[stack][kept], 2 * expected[kept], rtol=1e-5, atol=1e-5,
-                               err_msg=stack)
+    dropout_probe.assert_inverted_dropout(inputs[stack], expected, 0.5, rtol=1e-5, atol=1e-5,
+                                          err_msg=stack)
 
 
 def test_registry_builds_it_with_its_options_and_float32_parameters():

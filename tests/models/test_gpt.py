@@ -14,6 +14,7 @@ import pytest
 from models import registry
 from models.attention import positions as positions_lib
 from models.transformer.gpt import GPT
+from tests.models import dropout_probe
 from train import sampling
 
 V, D, HEADS, LAYERS, MAX_LENGTH = 13, 16, 2, 2, 8
@@ -189,22 +190,13 @@ def test_training_drops_out_the_embedding_sum_before_the_first_block():
   expected_BxTxD = np.asarray(table, np.float64)[x] + params['position_embed']['embedding'][None]
 
   def block_input(train):
-    seen = {}
-
-    def interceptor(next_fun, args, kwargs, context):
-      if context.module.name == 'block0' and context.method_name == '__call__':
-        seen['h0'] = np.asarray(args[0], np.float64)
-      return next_fun(*args, **kwargs)
-
-    with nn.intercept_methods(interceptor):
-      model.apply({'params': params}, x, train=train, rngs={'dropout': jax.random.PRNGKey(0)})
-    return seen['h0']
+    (h0,) = dropout_probe.first_block_inputs(lambda: model.apply(
+        {'params': params}, x, train=train, rngs={'dropout': jax.random.PRNGKey(0)})).values()
+    return h0
 
   np.testing.assert_allclose(block_input(False), expected_BxTxD, rtol=1e-6, atol=1e-6)
-  dropped_BxTxD = block_input(True)
-  kept = dropped_BxTxD != 0
-  assert 0.3 < kept.mean() < 0.7, kept.mean()
-  np.testing.assert_allclose(dropped_BxTxD[kept], 2 * expected_BxTxD[kept], rtol=1e-6, atol=1e-6)
+  dropout_probe.assert_inverted_dropout(block_input(True), expected_BxTxD, 0.5, rtol=1e-6,
+                                        atol=1e-6)
 
 
 # ---- options and errors ---------------------------------------------------------------------

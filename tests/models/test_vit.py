@@ -14,6 +14,7 @@ import pytest
 
 from models import registry
 from models.vision.vit import ViT
+from tests.models import dropout_probe
 from tests.models.test_transformer_reference import reference_block
 
 B, H, W, C, P, D, K = 2, 8, 12, 3, 4, 16, 5
@@ -276,20 +277,10 @@ def test_training_drops_out_z0_before_the_first_block():
   x = images()
   model = tiny(dropout_rate=0.5)
   variables = init(model, x)
-  seen = {}
-
-  def interceptor(next_fun, args, kwargs, context):
-    if context.module.name == 'block0' and context.method_name == '__call__':
-      seen['z0'] = np.asarray(args[0], np.float64)
-    return next_fun(*args, **kwargs)
-
-  with nn.intercept_methods(interceptor):
-    model.apply(variables, x, train=True, rngs={'dropout': jax.random.key(4)})
-  dropped = seen['z0']
-  z0 = np.asarray(first_block_input(model, variables, x), np.float64)
-  kept = dropped != 0
-  assert 0.3 < kept.mean() < 0.7, kept.mean()
-  np.testing.assert_allclose(dropped[kept], 2 * z0[kept], rtol=1e-5, atol=1e-6)
+  (dropped,) = dropout_probe.first_block_inputs(lambda: model.apply(
+      variables, x, train=True, rngs={'dropout': jax.random.key(4)})).values()
+  z0 = first_block_input(model, variables, x)
+  dropout_probe.assert_inverted_dropout(dropped, z0, 0.5, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize('pool', ['cls', 'mean'])

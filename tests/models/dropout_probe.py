@@ -1,0 +1,29 @@
+"""What the first block of a Transformer stack reads, and the inverted-dropout check on it."""
+
+import flax.linen as nn
+import numpy as np
+
+
+def first_block_inputs(apply_fn) -> dict:
+  """Calls `apply_fn()` and returns what each stack's first block (`block0`) reads, keyed by the
+  name of the module holding it: one entry for GPT, BERT or ViT (the model, whose name is
+  None), two for an encoder–decoder ('encoder' and 'decoder')."""
+  seen = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.module.name == 'block0' and context.method_name == '__call__':
+      seen[context.module.parent.name] = args[0]
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    apply_fn()
+  return seen
+
+
+def assert_inverted_dropout(dropped, expected, rate: float, **tolerance) -> None:
+  """Each entry of `dropped` is 0 or the entry of `expected` scaled by 1/(1 − rate), and the
+  share of entries kept is within 0.2 of 1 − rate."""
+  dropped, expected = np.asarray(dropped, np.float64), np.asarray(expected, np.float64)
+  kept = dropped != 0
+  assert abs(kept.mean() - (1 - rate)) < 0.2, kept.mean()
+  np.testing.assert_allclose(dropped[kept], expected[kept] / (1 - rate), **tolerance)
