@@ -118,7 +118,8 @@ def _mix32(h: int) -> int:
 
 def _reference_checksums(x: np.ndarray) -> list[int]:
   """Σ_i (mix(i ⊕ seed) | 1) · mix(w_i) mod 2^32, one Python integer at a time over the
-  little-endian words w_i of `x` (bool as 0/1, 8- and 16-bit values zero-extended)."""
+  little-endian words w_i of `x` (bool as 0/1, 8- and 16-bit values zero-extended, a complex
+  value as its real word then its imaginary one)."""
   x = np.ascontiguousarray(x)
   if x.dtype == np.bool_:
     words = x.astype(np.uint32)
@@ -136,13 +137,15 @@ def _reference_checksums(x: np.ndarray) -> list[int]:
 
 @pytest.mark.parametrize('dtype,shape', [
     (jnp.float32, (7, 5)), (jnp.bfloat16, (3, 4, 2)), (jnp.float16, (9,)), (jnp.int32, ()),
-    (jnp.uint32, (2,)), (jnp.bool_, (6, 3)), (jnp.int8, (5,)),
+    (jnp.uint32, (2,)), (jnp.bool_, (6, 3)), (jnp.int8, (5,)), (jnp.complex64, (3, 2)),
 ])
 def test_checksums_match_a_brute_force_reference(dtype, shape):
   # Would fail with a wrong flat index (strides), a bitcast of the wrong width, or sums that
-  # overflow into a wider type.
+  # overflow into a wider type. A complex value is its real and imaginary words in turn.
   r = np.random.default_rng(0)
   x = jnp.asarray(r.normal(size=shape) * 100).astype(dtype)
+  if jnp.issubdtype(dtype, jnp.complexfloating):
+    x = x + 1j * jnp.asarray(r.normal(size=shape), dtype)
   entry = checkpoint.array_digest({'x': x})['x']
   assert entry == {'shape': list(shape), 'dtype': np.dtype(dtype).name,
                    'checksum': _reference_checksums(np.asarray(x))}
@@ -394,6 +397,17 @@ def _emfile():
   return OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
 
+def _raised_while_handling(error, first):
+  """`error` as raised in an `except` block handling `first` (its __context__, no __cause__)."""
+  try:
+    try:
+      raise first
+    except OSError:
+      raise error  # pylint: disable=raise-missing-from
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    return e
+
+
 # Read failures that say nothing about the checkpoint's content -> how the message names them.
 _MACHINE_ERRORS = {
     'EMFILE': (_emfile, 'OSError: [Errno 24] Too many open files'),
@@ -403,10 +417,23 @@ _MACHINE_ERRORS = {
     'EMFILE under a ValueError': (
         lambda: _caused_by(ValueError('Failed to read the metadata.'), _emfile()),
         'OSError: [Errno 24] Too many open files'),
+    'EMFILE while handling another error': (
+        lambda: _raised_while_handling(KeyError('tree_metadata'), _emfile()),
+        'OSError: [Errno 24] Too many open files'),
     'MemoryError': (MemoryError, 'MemoryError'),
+    'MemoryError under a ValueError': (
+        lambda: _caused_by(ValueError('Failed to restore the array.'), MemoryError()),
+        'MemoryError'),
+    # Neither the data's fault nor the machine's as far as can be told: not damage either.
+    'an unexpected error': (lambda: RuntimeError('Event loop is closed'),
+                            'RuntimeError: Event loop is closed'),
     'TensorStore RESOURCE_EXHAUSTED': (
         lambda: ValueError('RESOURCE_EXHAUSTED: Error reading "manifest.ocdbt": Too many open files'),
         'ValueError: RESOURCE_EXHAUSTED: Error reading "manifest.ocdbt": Too many open files'),
+    'TensorStore PERMISSION_DENIED': (
+        lambda: ValueError('PERMISSION_DENIED: Error opening "d/1": Permission denied See full '
+                           'TensorStore details: {"driver": "ocdbt"}'),
+        'ValueError: PERMISSION_DENIED: Error opening "d/1": Permission denied'),
 }
 
 
@@ -819,3 +846,205 @@ def test_eval_variables_are_the_ema_when_the_run_kept_one():
   # A run without an EMA saves none (or None) and no model state: its parameters alone.
   for without in ({'params': params}, {'params': params, 'ema_params': None, 'model_state': None}):
     assert checkpoint.eval_variables(without) == {'params': params}
+
+
+# Inputs, listing and what restore_arrays reads -----------------------------------------------
+
+
+@pytest.mark.parametrize('every_steps,keep', [(0, 3), (-2, 3), (2, 0), (2, -1)])
+def test_a_non_positive_interval_or_keep_is_one_sentence_and_creates_nothing(tmp_path, every_steps,
+                                                                             keep):
+  one_sentence(lambda: checkpoint.Checkpointer(str(tmp_path / 'run'), every_steps, keep),
+               f'checkpoint_every_steps ({every_steps}) and checkpoints_to_keep ({keep}) must be '
+               'positive.')
+  assert not os.path.exists(tmp_path / 'run')
+
+
+def test_restoring_a_step_that_was_not_saved_names_the_saved_ones(workdir):
+  ckpt = _checkpointer(workdir)
+  directory = os.path.join(str(workdir), 'checkpoints')
+  assert one_sentence(lambda: ckpt.restore(_abstract(_make_state(0)), step=7),
+                      error=FileNotFoundError) == (
+      f'No checkpoint of step 7 in {directory!r}; found steps [1, 2, 3].')
+  ckpt.close()
+
+
+def test_a_checkpoint_written_by_another_checkpointer_since_is_the_one_restored(workdir):
+  # The loop builds its Checkpointer in setup and restores in train: steps saved in between
+  # (e.g. by a run that held the directory until then) must be seen, not Orbax's old listing.
+  ckpt = _checkpointer(workdir)
+  assert ckpt.latest_step() == 3
+  other = _checkpointer(workdir)
+  _save(other, (4,))
+  other.close()
+  state, data_state, step = ckpt.restore_latest(_abstract(_make_state(0)))
+  ckpt.close()
+  assert step == 4 and data_state == _data_state(4)
+  _assert_bit_identical(state, _make_state(4))
+
+
+def test_a_listing_that_fails_is_one_sentence_and_sets_nothing_aside(workdir, monkeypatch):
+  before = _contents(workdir)
+  ckpt = _checkpointer(workdir)
+  def fail():
+    raise OSError(errno.EIO, os.strerror(errno.EIO))
+  monkeypatch.setattr(ckpt.manager, 'reload', fail)
+  for call in (ckpt.check_compatible, ckpt.restore_latest):
+    one_sentence(lambda call=call: call(_abstract(_make_state(0))),
+                 f"Listing the checkpoints in '{workdir}/checkpoints' failed (OSError: [Errno 5] "
+                 'Input/output error): nothing was set aside')
+  monkeypatch.undo()
+  ckpt.close()
+  assert _contents(workdir) == before and not _set_aside(workdir)
+
+
+@pytest.mark.parametrize('change,named', [
+    # Parameters are named first, though 'a_first' sorts before them.
+    (lambda s: {'a_first': jnp.zeros(2), **s, 'params': {**s['params'], 'norm': {
+        'scale': jnp.zeros(17, jnp.bfloat16)}}},
+     "params/norm/scale is bfloat16 (16,) there but bfloat16 (17,) here"),
+    # The same shape in another dtype does not fit either.
+    (lambda s: {**s, 'params': {**s['params'], 'dense': {
+        **s['params']['dense'], 'kernel': jnp.zeros((48, 40), jnp.bfloat16)}}},
+     'params/dense/kernel is float32 (48, 40) there but bfloat16 (48, 40) here'),
+    (lambda s: {**s, 'step': jnp.zeros((), jnp.int8)}, 'step is int32 () there but int8 () here'),
+])
+def test_a_mismatch_names_the_parameters_first_and_sees_dtypes(workdir, change, named):
+  state = _make_state(0)
+  as_dict = {'params': state.params, 'rng': state.rng, 'step': state.step}
+  ckpt = _checkpointer(workdir)
+  for call in (ckpt.check_compatible, ckpt.restore_latest):
+    one_sentence(lambda call=call: call(_abstract(change(as_dict))),
+                 f"The checkpoint '{_step_dir(workdir, 3)}' does not fit this config: {named}; ")
+  ckpt.close()
+  assert not _set_aside(workdir)
+
+
+def test_a_digest_without_arrays_is_a_mismatch(workdir):
+  _write(os.path.join(_step_dir(workdir, 3), 'digest', 'metadata'), '{"data_sha256": "00"}')
+  with pytest.raises(ValueError, match=rf"^The checkpoint '{_step_dir(workdir, 3)}' has a "
+                                       r'malformed digest\.$'):
+    checkpoint.restore_arrays(str(workdir), step=3)
+  ckpt = _checkpointer(workdir)
+  assert ckpt.restore_latest(_abstract(_make_state(0)))[2] == 2
+  ckpt.close()
+  assert _set_aside(workdir) == ['3-digest-mismatch']
+
+
+def test_restore_arrays_reads_the_newest_good_one_and_says_when_none_is(workdir, caplog):
+  # A half-written newer step is no checkpoint, and one written before digests existed reads.
+  partial = os.path.join(workdir, 'checkpoints', '4.orbax-checkpoint-tmp-1700000000000000')
+  shutil.copytree(_step_dir(workdir, 3), partial)
+  shutil.rmtree(os.path.join(_step_dir(workdir, 3), 'digest'))
+  arrays = checkpoint.restore_arrays(str(workdir))
+  assert int(arrays['step']) == 3 and not [r for r in caplog.records if r.levelname == 'WARNING']
+  _assert_bit_identical(arrays['params'], _make_state(3).params)
+  for step in _STEPS:
+    _truncate_array_data(_step_dir(workdir, step))
+  directory = os.path.join(str(workdir), 'checkpoints')
+  assert one_sentence(lambda: checkpoint.restore_arrays(str(workdir))) == (
+      f'None of the checkpoints [1, 2, 3] in {directory!r} could be read.')
+  assert len([r for r in caplog.records if r.levelname == 'WARNING']) == 3
+  assert not _set_aside(workdir)
+
+
+def test_the_same_step_set_aside_three_times_keeps_all_three(workdir):
+  for _ in range(3):
+    _truncate_array_data(_step_dir(workdir, 3))
+    ckpt = _checkpointer(workdir)
+    assert ckpt.restore_latest(_abstract(_make_state(0)))[2] == 2
+    _save(ckpt, (3,))
+    ckpt.close()
+  assert _set_aside(workdir) == ['3-unreadable', '3-unreadable-2', '3-unreadable-3']
+
+
+def test_records_set_aside_twice_keep_both(workdir):
+  # A rerun from scratch that saved steps 1-3 again, all damaged again: the first rerun's
+  # records are not overwritten by the second's.
+  aside = os.path.join(workdir, 'checkpoints_set_aside')
+  for attempt in (1, 2):
+    with open(os.path.join(workdir, 'metrics.jsonl'), 'w', encoding='utf-8') as f:
+      f.write(json.dumps({'step': 3, 'split': 'train', 'attempt': attempt}) + '\n')
+    for step in _STEPS:
+      _truncate_array_data(_step_dir(workdir, step))
+    ckpt = _checkpointer(workdir)
+    with pytest.raises(ValueError):
+      ckpt.restore_latest(_abstract(_make_state(0)))
+    ckpt.close()
+    ckpt = _checkpointer(workdir)  # the rerun, from scratch
+    assert ckpt.restore_latest(_abstract(_make_state(0))) is None
+    _save(ckpt, _STEPS)
+    ckpt.close()
+  for folder, attempt in (('records-3', 1), ('records-3-2', 2)):
+    with open(os.path.join(aside, folder, 'metrics.jsonl'), encoding='utf-8') as f:
+      assert json.load(f)['attempt'] == attempt
+
+
+def test_a_damaged_checkpoint_that_cannot_be_moved_is_one_sentence(workdir, monkeypatch):
+  _truncate_array_data(_step_dir(workdir, 3))
+  rename = os.rename
+  def refuse(source, target):
+    if 'checkpoints_set_aside' in str(target):
+      raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+    return rename(source, target)
+  monkeypatch.setattr(os, 'rename', refuse)
+  ckpt = _checkpointer(workdir)
+  one_sentence(lambda: ckpt.restore_latest(_abstract(_make_state(0))),
+               f"The damaged checkpoint '{_step_dir(workdir, 3)}' could not be moved to "
+               f"'{workdir}/checkpoints_set_aside/3-unreadable' (Invalid cross-device link); "
+               'move or delete it by hand.')
+  ckpt.close()
+  assert os.path.isdir(_step_dir(workdir, 3))
+
+
+def test_records_that_cannot_be_moved_are_one_sentence(workdir, monkeypatch):
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w', encoding='utf-8') as f:
+    f.write('{"step": 1, "split": "train"}\n')
+  for step in _STEPS:
+    _truncate_array_data(_step_dir(workdir, step))
+  rename = os.rename
+  def refuse(source, target):
+    if str(source).endswith('metrics.jsonl'):
+      raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+    return rename(source, target)
+  monkeypatch.setattr(os, 'rename', refuse)
+  ckpt = _checkpointer(workdir)
+  one_sentence(lambda: ckpt.restore_latest(_abstract(_make_state(0))),
+               f"The records of the run in '{workdir}' could not be moved to "
+               f"'{workdir}/checkpoints_set_aside/records-3' (Invalid cross-device link); move "
+               'them by hand, or the rerun from scratch replaces them.')
+  ckpt.close()
+  assert os.path.isfile(os.path.join(workdir, 'metrics.jsonl'))
+
+
+def test_reads_silence_asyncio_and_unraisable_reports_only_while_they_run(workdir, monkeypatch,
+                                                                         caplog):
+  # A failed concurrent read leaves tasks nobody awaits: their reports (pages of tracebacks
+  # naming no checkpoint) are silenced while Orbax reads, and only then.
+  import logging  # pylint: disable=g-import-not-at-top
+  asyncio_log, hook = logging.getLogger('asyncio'), sys.unraisablehook
+  read_items, during = checkpoint._read_items, []  # pylint: disable=protected-access
+
+  def noisy_read(path, *args):
+    asyncio_log.error('Task exception was never retrieved')
+    during.append(sys.unraisablehook is hook)
+    if path.endswith('/3'):
+      raise ValueError('Failed to read the array data.')
+    return read_items(path, *args)
+
+  monkeypatch.setattr(checkpoint, '_read_items', noisy_read)
+  ckpt = _checkpointer(workdir)
+  assert ckpt.restore_latest(_abstract(_make_state(0)))[2] == 2  # one failed read, one good
+  ckpt.close()
+  assert during == [False, False]
+  assert not [r for r in caplog.records if r.name == 'asyncio']
+  assert not asyncio_log.disabled and sys.unraisablehook is hook
+
+
+def test_one_line_drops_tensorstores_spec_dump_and_caps_the_length():
+  one_line = checkpoint._one_line  # pylint: disable=protected-access
+  error = ValueError('NOT_FOUND: Error opening "x" See full TensorStore details: {"driver": 1}\n'
+                     'more')
+  assert one_line(error) == 'ValueError: NOT_FOUND: Error opening "x"'
+  assert one_line(OSError('y' * 400)) == 'OSError: ' + 'y' * 291 + '...'
+  assert one_line(MemoryError()) == 'MemoryError'
