@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import jax
@@ -20,6 +21,7 @@ from tests.train.test_multiprocess import _free_port
 from train import checkpoint
 from train import loop
 from train import parallel
+from train import preemption
 
 _CONFIG = os.path.join(REPO_ROOT, 'experiments', 'configs', 'digits_mlp.py')
 
@@ -98,6 +100,52 @@ def test_a_second_ctrl_c_exits_at_once():
   assert result.stdout.strip() == 'first handled'
   assert result.stderr.strip().splitlines()[-1] == 'interrupted again: exiting without saving'
 
+
+
+def test_the_first_signal_decides_and_only_a_second_ctrl_c_exits():
+  # A cluster may send SIGTERM again while the run saves; that must not cut the save short,
+  # nor change the exit status the first signal set. Leaving restores the handlers.
+  source = textwrap.dedent('''
+      import json, os, signal
+      from train import preemption
+      previous = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT)}
+      with preemption.StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        after_two_sigterms = stop.exit_code
+      restored = all(signal.getsignal(n) is h for n, h in previous.items())
+      with preemption.StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        print(json.dumps([after_two_sigterms, restored, stop.exit_code]), flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+      print('not reached', flush=True)
+  ''')
+  result = subprocess.run([sys.executable, '-c', source], env=_env(), cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode == 128 + signal.SIGINT, result.stderr[-2000:]
+  assert json.loads(result.stdout) == [128 + signal.SIGTERM, True, 128 + signal.SIGINT]
+  assert result.stderr.strip().splitlines()[-1] == 'interrupted again: exiting without saving'
+
+
+def test_a_stop_request_off_the_main_thread_leaves_the_signals_alone():
+  # Python installs handlers from the main thread only; a run started from a worker thread
+  # (e.g. in a notebook or a server) trains with the signals' default effect.
+  before = signal.getsignal(signal.SIGTERM)
+  seen, errors = [], []
+
+  def enter():
+    try:
+      with preemption.StopRequest() as stop:
+        seen.append((signal.getsignal(signal.SIGTERM), stop.requested))
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  worker = threading.Thread(target=enter)
+  worker.start()
+  worker.join(timeout=30)
+  assert not errors and seen == [(before, False)]
+  assert signal.getsignal(signal.SIGTERM) is before
 
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(tmp_path, data_dir):
   steps = 500  # the signal comes at step 200 or just after, well before the end
