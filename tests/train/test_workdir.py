@@ -1,6 +1,7 @@
 """The work-directory lock: one holder at a time, across processes, freed by the kernel
 when its holder dies."""
 
+import fcntl
 import json
 import os
 import signal
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -103,3 +105,80 @@ def test_an_unusable_directory_is_one_sentence(tmp_path):
     workdir_lib.acquire(blocker / 'w')
   assert str(info.value) == (f"The work directory {str(blocker / 'w')!r} cannot be locked "
                              '(Not a directory).')
+
+
+_FORK = textwrap.dedent('''
+    import json, os, sys
+    from train import workdir
+    lock = workdir.acquire(sys.argv[1])
+    child = os.fork()
+    if child == 0:
+      lock.release()  # the child's copy of the descriptor: neither the lock nor the record go
+      os._exit(0)
+    os.waitpid(child, 0)
+    with open(lock.path, encoding='utf-8') as f:
+      record = json.load(f)
+    try:
+      workdir.acquire(sys.argv[1])
+      still_held = False
+    except ValueError:
+      still_held = True
+    print(json.dumps({'record_pid': record['pid'], 'pid': os.getpid(), 'still_held': still_held}))
+''')
+
+
+def test_a_forked_child_releasing_its_copy_keeps_the_parents_lock_and_record(tmp_path):
+  command, options = _python(_FORK, str(tmp_path / 'w'))
+  result = subprocess.run(command, capture_output=True, check=True, timeout=60, **options)
+  out = json.loads(result.stdout.strip().splitlines()[-1])
+  assert out['still_held'] and out['record_pid'] == out['pid']
+
+
+def test_a_lock_dropped_without_release_frees_the_directory(tmp_path):
+  lock = workdir_lib.acquire(tmp_path / 'w')
+  del lock  # e.g. a run dropped in a notebook
+  workdir_lib.acquire(tmp_path / 'w').release()
+
+
+def test_a_holder_that_wrote_no_record_is_named_vaguely_after_a_short_wait(tmp_path):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  fd = os.open(workdir / workdir_lib.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, b'{"pid": ')  # a holder that has not finished writing its record
+    outcome = []
+    def refused():
+      try:
+        workdir_lib.acquire(workdir)
+      except ValueError as e:
+        outcome.append(str(e))
+    start = time.monotonic()
+    attempt = threading.Thread(target=refused, daemon=True)
+    attempt.start()
+    attempt.join(timeout=30)
+    assert not attempt.is_alive(), 'acquire kept waiting for a record that never came'
+    assert 0.4 < time.monotonic() - start < 5
+    assert outcome == [f'The work directory {str(workdir)!r} is in use by another process; wait '
+                       'for that run to finish, stop it, or choose another --workdir.']
+  finally:
+    os.close(fd)
+
+
+def test_a_stale_longer_record_is_replaced_whole(tmp_path):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  stale = json.dumps({'pid': 4000000, 'host': 'a-much-longer-host-name.example.org' * 4}) + '\n'
+  (workdir / workdir_lib.LOCK_FILE).write_text(stale)
+  with workdir_lib.acquire(workdir) as lock:
+    with open(lock.path, encoding='utf-8') as f:
+      assert json.load(f) == {'pid': os.getpid(), 'host': socket.gethostname()}
+
+
+def test_a_refused_acquire_leaves_no_descriptor_open(tmp_path):
+  with workdir_lib.acquire(tmp_path / 'w'):
+    before = len(os.listdir('/proc/self/fd'))
+    for _ in range(3):
+      with pytest.raises(ValueError):
+        workdir_lib.acquire(tmp_path / 'w')
+    assert len(os.listdir('/proc/self/fd')) == before
