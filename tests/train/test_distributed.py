@@ -206,7 +206,7 @@ def test_process_count_and_id_from_the_environment(calls, monkeypatch):
                                   'process_id': 3}]
 
 
-@pytest.mark.parametrize('port', ['abc', '0', '70000', ''])
+@pytest.mark.parametrize('port', ['abc', '0', '70000', '', '\uff11\uff12\uff13'])  # full-width
 def test_a_cluster_job_with_a_bad_coordinator_port_is_refused(calls, monkeypatch, port):
   for name, value in {**_SLURM, 'JAX_COORDINATOR_PORT': port}.items():
     monkeypatch.setenv(name, value)
@@ -253,6 +253,58 @@ def test_a_coordinator_port_in_use_is_refused_before_joining(calls, held):
   assert calls['initialize'] == [{'coordinator_address': f'127.0.0.1:{port}', 'num_processes': 2,
                                   'process_id': 1}]
 
+
+
+def test_a_port_held_on_ipv6_only_is_in_use(calls):
+  try:
+    holder = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+  except OSError:
+    pytest.skip('no IPv6 on this machine')
+  with holder:
+    holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+      holder.bind(('::', 0))
+    except OSError:
+      pytest.skip('no IPv6 address to bind on this machine')
+    port = holder.getsockname()[1]
+    with pytest.raises(ValueError, match=f'^Port {port} of --coordinator_address='):
+      distributed.initialize(f'127.0.0.1:{port}', 2, 0)
+  assert calls['initialize'] == []
+
+
+def test_a_port_whose_last_connection_lingers_is_free(calls):
+  # A coordinator that just ended leaves its port in TIME_WAIT; gRPC, which marks its sockets
+  # SO_REUSEADDR as this listener is, binds it again, so the rerun must not be refused.
+  with socket.socket() as listener:
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(('127.0.0.1', 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    client = socket.create_connection(('127.0.0.1', port))
+    accepted, _ = listener.accept()
+    accepted.close()  # the side that closes first keeps the port in TIME_WAIT
+    client.close()
+  assert distributed.initialize(f'127.0.0.1:{port}', 2, 0) == 'manual'
+  assert calls['initialize'][-1]['coordinator_address'] == f'127.0.0.1:{port}'
+
+
+def test_a_coordinator_bound_elsewhere_skips_the_port_check(calls, monkeypatch):
+  # With JAX_COORDINATOR_BIND_ADDRESS the coordinator listens there, not on this port.
+  with socket.socket() as holder:
+    holder.bind(('0.0.0.0', 0))
+    port = holder.getsockname()[1]
+    monkeypatch.setenv('JAX_COORDINATOR_BIND_ADDRESS', '127.0.0.1:0')
+    assert distributed.initialize(f'127.0.0.1:{port}', 2, 0) == 'manual'
+
+
+def test_an_installed_accelerator_plugin_is_not_cpu_only(platforms, monkeypatch):
+  platforms(None)
+  found = [object()]  # what importlib.metadata lists for an installed jax_cuda12_plugin
+  entry_points = distributed.importlib.metadata.entry_points
+  monkeypatch.setattr(
+      distributed.importlib.metadata, 'entry_points',
+      lambda group=None: found if group == 'jax_plugins' else entry_points(group=group))
+  assert not distributed.cpu_only()
 
 def test_a_real_coordinator_on_a_free_port_is_joined_and_its_port_then_in_use():
   """The check against JAX itself, in a child as initialize runs once per process: the port
