@@ -189,7 +189,12 @@ class Checkpointer:
     source = self._path(step)
     _barrier(f'checkpoint_set_aside_{step}_start')  # nobody is still reading it
     if jax.process_index() == 0:
-      os.makedirs(self.set_aside_directory, exist_ok=True)
+      try:
+        os.makedirs(self.set_aside_directory, exist_ok=True)
+      except OSError as e:
+        raise ValueError(f'The damaged checkpoint {source!r} could not be set aside: the folder '
+                         f'{self.set_aside_directory!r} could not be made ({e.strerror}); move '
+                         'what is in its place, or the checkpoint, by hand.') from None
       target = os.path.join(self.set_aside_directory, f'{step}-{damage.slug}')
       copies = 1
       while os.path.exists(target):  # the same step may be damaged again after a rerun

@@ -997,6 +997,22 @@ def test_a_damaged_checkpoint_that_cannot_be_moved_is_one_sentence(workdir, monk
   assert os.path.isdir(_step_dir(workdir, 3))
 
 
+def test_a_file_where_the_set_aside_folder_goes_is_one_sentence(workdir):
+  _truncate_array_data(_step_dir(workdir, 3))
+  aside = os.path.join(workdir, 'checkpoints_set_aside')
+  with open(aside, 'w', encoding='utf-8') as f:
+    f.write('notes\n')
+  ckpt = _checkpointer(workdir)
+  one_sentence(lambda: ckpt.restore_latest(_abstract(_make_state(0))),
+               f"The damaged checkpoint '{_step_dir(workdir, 3)}' could not be set aside: the "
+               f"folder '{aside}' could not be made (File exists); move what is in its place, "
+               'or the checkpoint, by hand.')
+  ckpt.close()
+  assert os.path.isdir(_step_dir(workdir, 3))
+  with open(aside, encoding='utf-8') as f:
+    assert f.read() == 'notes\n'
+
+
 def test_records_that_cannot_be_moved_are_one_sentence(workdir, monkeypatch):
   with open(os.path.join(workdir, 'metrics.jsonl'), 'w', encoding='utf-8') as f:
     f.write('{"step": 1, "split": "train"}\n')
