@@ -120,7 +120,7 @@ def note_schedule_change(config, workdir: str) -> str | None:
 def _check_positive(config, *names):
   for name in names:
     value = config[name]
-    if not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise ValueError(f'config.{name} must be a positive integer, got {value!r}.')
 
 

@@ -398,9 +398,9 @@ _COUNTS = ('num_train_steps', 'global_batch_size', 'eval_batch_size', 'log_every
            'max_bad_steps')
 
 
-@pytest.mark.parametrize('value', [0, -1])
+@pytest.mark.parametrize('value', [0, -1, True])  # True is an int to Python, not a count
 @pytest.mark.parametrize('name', _COUNTS)
-def test_a_count_or_interval_below_one_is_refused(tmp_path, name, value):
+def test_a_count_or_interval_below_one_or_a_bool_is_refused(tmp_path, name, value):
   config = digits_mlp.get_config()
   config[name] = value
   workdir = tmp_path / 'w'
