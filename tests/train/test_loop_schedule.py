@@ -17,10 +17,10 @@ import pytest
 
 from experiments.configs import digits_mlp
 from tests.messages import one_sentence
+from tests.train import loop_patches
 from train import checkpoint
 from train import loop
 from train import optim
-from train import parallel
 from train import workdir as workdir_lib
 
 # 7 steps: logs every 2 (and at 7), evaluations every 3 (and at 7), checkpoints every 2
@@ -89,27 +89,11 @@ def test_logs_evaluations_and_checkpoints_follow_their_intervals_and_the_last_st
     assert record['learning_rate'] == pytest.approx(float(schedule(record['step'] - 1)), rel=1e-5)
 
 
-def _stopping_at(step_number, monkeypatch):
-  """Patches the compiled train step to send this process SIGTERM during call `step_number`."""
-  compile_train_step = parallel.Parallel.compile_train_step
-
-  def compile_with_a_stop(self, *args, **kwargs):
-    step_fn, calls = compile_train_step(self, *args, **kwargs), []
-
-    def step(state, batch):
-      calls.append(None)
-      if len(calls) == step_number:
-        os.kill(os.getpid(), signal.SIGTERM)  # the loop's own handler records it
-      return step_fn(state, batch)
-    return step
-  monkeypatch.setattr(parallel.Parallel, 'compile_train_step', compile_with_a_stop)
-
-
 def test_a_stop_off_every_interval_saves_there_and_the_rerun_continues_exactly(
     data_dir, straight, tmp_path, monkeypatch, capfd):
   workdir = str(tmp_path / 'stopped')
   with monkeypatch.context() as patch:
-    _stopping_at(_STOP_AT, patch)
+    loop_patches.stop_during_step(_STOP_AT, patch)
     run = loop.setup(_config(data_dir), workdir)
     with pytest.raises(loop.Stopped) as stopped:
       run.train()
@@ -156,34 +140,10 @@ def test_a_finished_run_reports_its_final_evaluation_again_and_writes_nothing(
   assert _checkpoint_steps(workdir) == steps
 
 
-def _poisoning(batches, monkeypatch):
-  """Patches the train iterator to fill the listed batches (counted from 1) with NaN."""
-  original = loop.Run.train_iterator
-
-  def poisoned(self):
-    iterator, count = original(self), [0]
-
-    class Poisoned:
-      def __next__(self):
-        batch = next(iterator)
-        count[0] += 1
-        if count[0] in batches:
-          batch = {**batch, 'input': np.full_like(batch['input'], np.nan)}
-        return batch
-
-      def get_state(self):
-        return iterator.get_state()
-
-      def set_state(self, state):
-        iterator.set_state(state)
-    return Poisoned()
-  monkeypatch.setattr(loop.Run, 'train_iterator', poisoned)
-
-
 def test_non_finite_steps_apart_do_not_add_up_to_a_streak(data_dir, tmp_path, monkeypatch):
   # max_bad_steps counts steps in a row: two poisoned batches with good ones between must
   # not stop a run that allows two in a row.
-  _poisoning((2, 5), monkeypatch)
+  loop_patches.poison_batches((2, 5), monkeypatch)
   workdir = str(tmp_path / 'run')
   loop.setup(_config(data_dir, max_bad_steps=2, log_every_steps=_STEPS), workdir).train()
   [record] = _records(workdir, 'train')
@@ -194,7 +154,7 @@ def test_non_finite_steps_apart_do_not_add_up_to_a_streak(data_dir, tmp_path, mo
 
 def test_a_streak_stops_the_run_with_the_skipped_steps_on_record(data_dir, tmp_path, monkeypatch):
   # The interval in progress is logged before stopping, though no log was due.
-  _poisoning((2, 3, 4), monkeypatch)
+  loop_patches.poison_batches((2, 3, 4), monkeypatch)
   workdir = str(tmp_path / 'run')
   run = loop.setup(_config(data_dir, max_bad_steps=3, log_every_steps=_STEPS), workdir)
   with pytest.raises(loop.Stopped, match=r'^The loss or gradients were not finite for 3 steps in '

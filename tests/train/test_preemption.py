@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from tests.subprocess_util import REPO_ROOT
+from tests.train import loop_patches
 from tests.train.test_multiprocess import _free_port
 from train import checkpoint
 from train import loop
-from train import parallel
 from train import preemption
 
 _CONFIG = os.path.join(REPO_ROOT, 'experiments', 'configs', 'digits_mlp.py')
@@ -206,21 +206,9 @@ def test_an_evaluation_a_stop_skipped_runs_on_resuming_and_is_recorded_once(
   straight = str(tmp_path / 'straight')
   loop.setup(_stop_config(data_dir), straight).train()
 
-  compile_train_step = parallel.Parallel.compile_train_step
-
-  def compile_with_a_stop(self, *args, **kwargs):
-    step_fn, calls = compile_train_step(self, *args, **kwargs), []
-
-    def step(state, batch):
-      calls.append(None)
-      if len(calls) == stop_at:
-        os.kill(os.getpid(), signal.SIGTERM)  # the loop's own handler records it
-      return step_fn(state, batch)
-    return step
-
   stopped = str(tmp_path / 'stopped')
   with monkeypatch.context() as patch:
-    patch.setattr(parallel.Parallel, 'compile_train_step', compile_with_a_stop)
+    loop_patches.stop_during_step(stop_at, patch)
     with pytest.raises(loop.Stopped, match=f'stopped at step {stop_at};'):
       loop.setup(_stop_config(data_dir), stopped).train()
   assert [r['step'] for r in _eval_records(stopped)] == [2] * (stop_at == 4)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import digits_mlp
+from tests.train import loop_patches
 from tests.train import test_checkpoint as damage_lib
 from train import checkpoint, loop
 
@@ -58,29 +59,7 @@ def test_divergence_stops_in_one_sentence_and_no_checkpoint_is_non_finite(data_d
 
 
 def test_one_nan_batch_is_skipped_and_the_run_ends_finite(data_dir, tmp_path, monkeypatch):
-  original = loop.Run.train_iterator
-
-  def poisoned(self):
-    iterator = original(self)
-
-    class Poisoned:
-      count = 0
-
-      def __next__(self):
-        batch = next(iterator)
-        Poisoned.count += 1
-        if Poisoned.count == 7:
-          batch = {**batch, 'input': np.full_like(batch['input'], np.nan)}
-        return batch
-
-      def get_state(self):
-        return iterator.get_state()
-
-      def set_state(self, state):
-        iterator.set_state(state)
-    return Poisoned()
-
-  monkeypatch.setattr(loop.Run, 'train_iterator', poisoned)
+  loop_patches.poison_batches((7,), monkeypatch)
   workdir = str(tmp_path / 'poisoned')
   final = loop.setup(_config(data_dir, num_train_steps=50, log_every_steps=10), workdir).train()
   assert np.isfinite(final['loss']) and final['accuracy'] > 0.8
