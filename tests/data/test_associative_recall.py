@@ -191,6 +191,9 @@ def test_batches_reach_the_language_model_task(data_dir, prepared, tmp_path):
   assert meta['model_defaults'] == {'vocab_size': 313} and meta['window'] == LENGTH
   assert meta['unit'] == 'token' and meta['tokenizer'].vocab == VOCAB
   assert 'workdir_files' not in meta  # the vocabulary is the data set's, nothing to keep
+  # How often each id occurs in the train split's records (not validation's), counted by hand.
+  counted = collections.Counter(prepared['train']['tokens'].ravel().tolist())
+  assert meta['token_counts'].tolist() == [counted[i] for i in range(313)]
   task = tasks.build('language_model', meta, sample_length=0)
   batch = task.preprocess(pipeline.read_batch(train, np.arange(5)))
   assert batch['tokens'].shape == (5, LENGTH + 1) and batch['tokens'].dtype == np.int32

@@ -90,8 +90,9 @@ def test_window_indices_outside_the_source_are_refused(training):
       windows.gather(np.array(indices))
   with pytest.raises(IndexError):
     windows[-n - 1]
-  # Negative indices count from the end, as for a list.
+  # Negative indices count from the end, as for a list, down to -n, the first window.
   np.testing.assert_array_equal(windows[-1]['tokens'], windows[n - 1]['tokens'])
+  np.testing.assert_array_equal(windows[-n]['tokens'], windows[0]['tokens'])
 
 
 def test_text_shorter_than_a_window_is_refused():
@@ -256,12 +257,11 @@ SYNTHETIC = ('First Citizen:\nBefore we proceed any further, hear me speak.\n' *
 
 
 def _config(tmp_path, source_dir, **overrides):
-  config = ml_collections.ConfigDict({
+  # Overrides go in before the ConfigDict fixes each field's type, so any value can be tried.
+  return ml_collections.ConfigDict({
       'name': 'tiny_shakespeare', 'train_split': 'train', 'eval_split': 'validation',
       'data_dir': str(tmp_path / 'tfds'), 'options': {'source_dir': str(source_dir)},
-      'text_key': 'text', 'tokenizer': 'char', 'vocab_size': None, 'window': 8})
-  config.update(overrides)
-  return config
+      'text_key': 'text', 'tokenizer': 'char', 'vocab_size': None, 'window': 8, **overrides})
 
 
 def _write_source(tmp_path, content):
@@ -341,6 +341,39 @@ def test_read_text_joins_records_and_names_a_missing_feature(tmp_path):
   with pytest.raises(ValueError) as error:
     text.read_text('tiny_shakespeare', 'test', data_dir=data_dir, text_key='content')
   assert_one_sentence(str(error.value), "'content'", 'text')
+
+
+def test_read_text_decodes_utf8_and_cuts_by_characters(tmp_path):
+  # Multi-byte characters throughout: a decoding other than UTF-8, or cuts counted in
+  # bytes, gives other text.
+  content = NON_ASCII * 3
+  source = _write_source(tmp_path, content)
+  n = len(content)
+  i = int(0.9 * n)
+  j = i + int(0.5 * (n - i))
+  read = text.read_text('tiny_shakespeare', 'train+validation+test', data_dir=str(tmp_path / 'tfds'),
+                        source_dir=str(source))
+  assert read == content[:i] + '\n' + content[i:j] + '\n' + content[j:]
+
+
+@pytest.mark.parametrize('overrides, parts', [
+    ({'window': 0}, ['data.window', 'positive integer', 'not 0']),
+    ({'window': -3}, ['data.window', 'not -3']),
+    ({'window': True}, ['data.window', 'not True']),
+    ({'window': 8.0}, ['data.window', 'not 8.0']),
+    ({'window': None}, ['data.window', 'not None']),
+    ({'tokenizer': 'byte_bpe', 'vocab_size': 100}, ['at least 256', 'not 100']),
+    ({'tokenizer': 'char', 'vocab_size': 70}, ['vocab_size must be None', 'not 70']),
+    ({'tokenizer': 'word'}, ["data.tokenizer 'word'", 'char, byte_bpe']),
+])
+def test_bad_window_and_tokenizer_options_are_refused_before_the_text_is_read(tmp_path, overrides,
+                                                                              parts):
+  config = _config(tmp_path, _write_source(tmp_path, SYNTHETIC), **overrides)
+  with pytest.raises(ValueError) as error:
+    text.make_sources(config, str(tmp_path / 'work'))
+  assert_one_sentence(str(error.value), *parts)
+  # Refused before the data set is prepared or anything is written.
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['src']
 
 
 def test_make_sources_on_the_real_file(tmp_path):
