@@ -39,7 +39,11 @@ PAD_ID = 0
 
 
 def read_text(name: str, split: str, *, data_dir=None, text_key: str = 'text', **options) -> str:
-  """The `text_key` of every record of `data.load(name, split)`, joined by newlines."""
+  """The `text_key` of every record of `data.load(name, split)`, joined by newlines.
+
+  The feature must hold text (str, or UTF-8 bytes as TFDS gives it): any other value (a
+  number, an array of ids) is refused rather than read as its printed form.
+  """
   source = datasets.load(name, split, data_dir=data_dir, **options)
   pieces = []
   for index in range(len(source)):
@@ -48,7 +52,19 @@ def read_text(name: str, split: str, *, data_dir=None, text_key: str = 'text', *
       raise ValueError(f'Data set {name!r} has no text feature {text_key!r}; its features are: '
                        f'{", ".join(sorted(record))}.')
     value = record[text_key]
-    pieces.append(value.decode('utf-8') if isinstance(value, bytes) else str(value))
+    if isinstance(value, bytes):
+      try:
+        value = value.decode('utf-8')
+      except UnicodeDecodeError as error:
+        raise ValueError(f'Record {index} of split {split!r} of data set {name!r} holds '
+                         f'{text_key!r} bytes that are not UTF-8 (an invalid byte at offset '
+                         f'{error.start}).') from None
+    elif not isinstance(value, str):
+      texts = sorted(key for key, item in record.items() if isinstance(item, (str, bytes)))
+      allowed = f'its text features are: {", ".join(texts)}' if texts else 'it has no text feature'
+      raise ValueError(f'Feature {text_key!r} of data set {name!r} holds {type(value).__name__} '
+                       f'values, not text; {allowed}.')
+    pieces.append(value)
   return '\n'.join(pieces)
 
 

@@ -343,6 +343,32 @@ def test_read_text_joins_records_and_names_a_missing_feature(tmp_path):
   assert_one_sentence(str(error.value), "'content'", 'text')
 
 
+def test_a_feature_that_is_not_text_is_refused_naming_the_text_features(tmp_path):
+  # shakespeare_case's 'input' is a uint8 array per record: its printed form ('[102 105 ...]')
+  # used to be read as the text, and a model trained on it.
+  source = _write_source(tmp_path, SYNTHETIC)
+  with pytest.raises(ValueError) as error:
+    text.read_text('shakespeare_case', 'validation', data_dir=str(tmp_path / 'tfds'),
+                   text_key='input', source_dir=str(source))
+  assert_one_sentence(str(error.value), "'input'", "'shakespeare_case'", 'not text',
+                      'has no text feature')
+
+
+def test_text_bytes_that_are_not_utf8_are_refused_naming_the_record(monkeypatch):
+  records = [{'text': 'Naïve'.encode('utf-8'), 'title': 'a'}, {'text': 'café', 'title': 'b'}]
+  monkeypatch.setattr(text.datasets, 'load', lambda name, split, **kwargs: records)
+  assert text.read_text('corpus', 'train') == 'Naïve\ncafé'
+  records[1]['text'] = 'café'.encode('latin-1')  # b'caf\xe9'
+  with pytest.raises(ValueError) as error:
+    text.read_text('corpus', 'train')
+  assert_one_sentence(str(error.value), 'Record 1', "'train'", "'corpus'", "'text'", 'not UTF-8',
+                      'offset 3')
+  records[1]['text'] = 7
+  with pytest.raises(ValueError) as error:
+    text.read_text('corpus', 'train')
+  assert_one_sentence(str(error.value), "'text'", 'int values', 'its text features are: title')
+
+
 def test_read_text_decodes_utf8_and_cuts_by_characters(tmp_path):
   # Multi-byte characters throughout: a decoding other than UTF-8, or cuts counted in
   # bytes, gives other text.
