@@ -204,6 +204,20 @@ def _encode(tokenizer, text: str, name: str, split: str) -> np.ndarray:
   return np.asarray(tokenizer.encode(text), np.int32)
 
 
+def _check_long_enough(tokens: np.ndarray, window: int, name: str, split: str, *,
+                       training: bool) -> None:
+  """`TokenWindows`'s length check, in one sentence naming the split and data.window."""
+  n = len(tokens)
+  count = f'{n} token{"" if n == 1 else "s"}'
+  if training and n < window + 1:
+    fits = f'data.window must be at most {n - 1}' if n >= 2 else 'no data.window fits it'
+    raise ValueError(f'Split {split!r} of {name!r} has {count}, fewer than the {window + 1} a '
+                     f'training window of data.window={window} needs; {fits}.')
+  if not training and n < 2:
+    raise ValueError(f'Split {split!r} of {name!r} has {count}, fewer than the 2 (one input and '
+                     'one target) an evaluation window needs at any data.window.')
+
+
 def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows, dict]:
   """Training and evaluation windows of a text data set, and what the model needs to know.
 
@@ -242,6 +256,8 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
                                       vocab_size=vocab_size, save=False)
   train_tokens = _encode(tokenizer, train_text, name, data_config.train_split)
   eval_tokens = _encode(tokenizer, eval_text, name, data_config.eval_split)
+  _check_long_enough(train_tokens, window, name, data_config.train_split, training=True)
+  _check_long_enough(eval_tokens, window, name, data_config.eval_split, training=False)
   units, unit = token_units(tokenizer)
   meta = {'vocab_size': tokenizer.vocab_size, 'tokenizer': tokenizer, 'token_units': units,
           'unit': unit, 'window': window, 'workdir_files': {TOKENIZER_FILE: tokenizer.save},

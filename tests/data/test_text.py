@@ -332,6 +332,30 @@ def test_unknown_eval_character_is_refused(tmp_path):
   assert_one_sentence(str(error.value), "'Z'", "'validation'", 'position 20')
 
 
+def test_a_split_too_short_for_a_window_is_refused_naming_split_and_window(tmp_path):
+  # 900 train characters: data.window=899 leaves one training window, 900 none.
+  source = _write_source(tmp_path, SYNTHETIC)
+  train, _, _ = text.make_sources(_config(tmp_path, source, window=899), str(tmp_path / 'work'))
+  assert len(train) == 1
+  with pytest.raises(ValueError) as error:
+    text.make_sources(_config(tmp_path, source, window=900), str(tmp_path / 'work'))
+  assert_one_sentence(str(error.value), "Split 'train' of 'tiny_shakespeare'", '900 tokens',
+                      'data.window=900', 'at most 899')
+  # 30 characters: train 27, validation 1 and test 2; an evaluation window needs 2 tokens.
+  short = tmp_path / 'short'
+  short.mkdir()
+  (short / 'input.txt').write_text('abcdefghij' * 3)
+  config = _config(tmp_path, short, data_dir=str(tmp_path / 'tfds_short'))
+  with pytest.raises(ValueError) as error:
+    text.make_sources(config, str(tmp_path / 'work'))
+  assert_one_sentence(str(error.value), "Split 'validation' of 'tiny_shakespeare'", '1 token,',
+                      'fewer than the 2', 'evaluation window needs')
+  _, evaluation, _ = text.make_sources(_config(tmp_path, short, data_dir=str(tmp_path / 'tfds_short'),
+                                               eval_split='test'), str(tmp_path / 'work'))
+  assert len(evaluation) == 1 and evaluation[0]['weights'].tolist() == [1] + [0] * 7
+  assert not (tmp_path / 'work').exists()
+
+
 def test_read_text_joins_records_and_names_a_missing_feature(tmp_path):
   source = _write_source(tmp_path, SYNTHETIC)
   data_dir = str(tmp_path / 'tfds')
