@@ -193,14 +193,16 @@ class TokenWindows:
     return {'tokens': self._padded[positions_BxL1], 'weights': weights_BxL}
 
 
-def _encode(tokenizer, text: str, name: str, split: str) -> np.ndarray:
+def _encode(tokenizer, text: str, name: str, split: str, origin: str) -> np.ndarray:
+  """`text` encoded, or one sentence naming its first character outside a char tokenizer's
+  vocabulary and where that vocabulary comes from (`origin`)."""
   if isinstance(tokenizer, tokenizers.CharTokenizer):
     missing = set(text) - set(tokenizer.vocab)
     if missing:
       character = min(missing, key=text.index)
       raise ValueError(f'The character {character!r} at position {text.index(character)} of split '
                        f'{split!r} of {name!r} is not in the {tokenizer.vocab_size}-character '
-                       f'vocabulary learnt from the train split.')
+                       f'vocabulary {origin}.')
   return np.asarray(tokenizer.encode(text), np.int32)
 
 
@@ -252,10 +254,13 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
                                  **dict(data_config.get('options') or {}))
   train_text, eval_text = read(data_config.train_split), read(data_config.eval_split)
   # Saved by the caller once the whole config is known to work (`meta['workdir_files']`).
-  tokenizer = load_or_train_tokenizer(os.path.join(workdir, TOKENIZER_FILE), kind, train_text,
-                                      vocab_size=vocab_size, save=False)
-  train_tokens = _encode(tokenizer, train_text, name, data_config.train_split)
-  eval_tokens = _encode(tokenizer, eval_text, name, data_config.eval_split)
+  path = os.path.join(workdir, TOKENIZER_FILE)
+  tokenizer = load_or_train_tokenizer(path, kind, train_text, vocab_size=vocab_size, save=False)
+  # A tokenizer learnt here records its train text; one without that record is a file's.
+  origin = ('learnt from the train split' if tokenizer.train_sha256 is not None else
+            f'of tokenizer file {path!r}, which does not record the text it was learnt from')
+  train_tokens = _encode(tokenizer, train_text, name, data_config.train_split, origin)
+  eval_tokens = _encode(tokenizer, eval_text, name, data_config.eval_split, origin)
   _check_long_enough(train_tokens, window, name, data_config.train_split, training=True)
   _check_long_enough(eval_tokens, window, name, data_config.eval_split, training=False)
   units, unit = token_units(tokenizer)

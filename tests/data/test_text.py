@@ -323,6 +323,21 @@ def test_workdir_tokenizer_of_another_source_is_refused_and_the_same_source_relo
   assert again['tokenizer'].vocab == meta['tokenizer'].vocab
 
 
+def test_a_tokenizer_file_without_a_train_character_is_named_and_kept(tmp_path):
+  # A file that records no train text loads for any text; its vocabulary, not one learnt
+  # from the train split, lacks the character, so the message names the file.
+  workdir = tmp_path / 'work'
+  workdir.mkdir()
+  path = workdir / 'tokenizer.json'
+  tokenizers.CharTokenizer(sorted(set(SYNTHETIC) - {'F'})).save(path)
+  before = path.read_bytes()
+  with pytest.raises(ValueError) as error:
+    text.make_sources(_config(tmp_path, _write_source(tmp_path, SYNTHETIC)), str(workdir))
+  assert_one_sentence(str(error.value), "'F'", 'position 0', "'train'", 'tokenizer file',
+                      str(path))
+  assert path.read_bytes() == before and os.listdir(workdir) == ['tokenizer.json']
+
+
 def test_unknown_eval_character_is_refused(tmp_path):
   # 'Z' and then 'Q' only in validation: the first unknown character is named.
   content = SYNTHETIC[:920] + 'Z' + SYNTHETIC[921:930] + 'Q' + SYNTHETIC[931:]
