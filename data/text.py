@@ -110,7 +110,8 @@ def load_or_train_tokenizer(path: str, kind: str, train_text: str, *, vocab_size
   refused and left as it is: it belongs to an earlier run whose checkpoints
   depend on it. A file without that record loads whatever `train_text` is.
   The new file is written beside `path` and renamed into place, so a crash
-  mid-write leaves no file that a later run would load.
+  mid-write leaves no file that a later run would load. Missing folders on the way to `path`
+  are made; a file standing where one goes is refused before any training.
   """
   _check_tokenizer_options(kind, vocab_size)
   if os.path.exists(path):
@@ -126,6 +127,14 @@ def load_or_train_tokenizer(path: str, kind: str, train_text: str, *, vocab_size
       raise ValueError(f'Tokenizer file {path!r} was trained on other text than the configured '
                        'train split; use another workdir or delete the file to retrain.')
     return tokenizer
+  if save:
+    # Refused before training: the nearest existing folder on the way to `path` must be one.
+    blocking = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(blocking) and os.path.dirname(blocking) != blocking:
+      blocking = os.path.dirname(blocking)
+    if not os.path.isdir(blocking):
+      raise ValueError(f'Tokenizer file {path!r} cannot be saved, as {blocking!r} is a file where '
+                       'a folder must be.')
   tokenizer = make_tokenizer(kind, train_text, vocab_size=vocab_size)
   if not save:
     return tokenizer

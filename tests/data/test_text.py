@@ -195,6 +195,25 @@ def test_a_folder_at_the_tokenizer_file_is_refused_in_one_sentence_and_kept(tmp_
   assert [p.name for p in path.iterdir()] == ['inside']
 
 
+def test_a_tokenizer_is_saved_in_folders_made_for_it(tmp_path):
+  path = tmp_path / 'runs' / 'first' / 'tokenizer.json'
+  trained = text.load_or_train_tokenizer(str(path), 'char', NON_ASCII)
+  assert os.listdir(path.parent) == ['tokenizer.json']
+  assert tokenizers.load(str(path)).vocab == trained.vocab == sorted(set(NON_ASCII))
+
+
+def test_a_file_where_the_tokenizer_folder_goes_is_refused_before_training_and_kept(
+    tmp_path, monkeypatch):
+  # It used to train and then end in a FileExistsError traceback.
+  (tmp_path / 'runs').write_text('mine')
+  path = tmp_path / 'runs' / 'first' / 'tokenizer.json'
+  monkeypatch.setattr(text, 'make_tokenizer', lambda *args, **kwargs: pytest.fail('trained'))
+  with pytest.raises(ValueError) as error:
+    text.load_or_train_tokenizer(str(path), 'char', NON_ASCII)
+  assert_one_sentence(str(error.value), repr(str(path)), repr(str(tmp_path / 'runs')), 'is a file')
+  assert os.listdir(tmp_path) == ['runs'] and (tmp_path / 'runs').read_text() == 'mine'
+
+
 def test_crash_while_saving_leaves_no_tokenizer_file(tmp_path, monkeypatch):
   def crash(self, path):
     with open(path, 'w') as f:
