@@ -185,6 +185,27 @@ def test_mismatched_tokenizer_file_is_refused_and_kept(tmp_path, saved, asked, p
     assert f.read() == before
 
 
+@pytest.mark.parametrize('kind, vocab_size', [('char', None), ('byte_bpe', 280)])
+@pytest.mark.parametrize('damage, parts', [
+    (lambda saved: saved[:len(saved) // 2], ['not UTF-8 JSON']),  # a write cut short
+    (lambda saved: b'', ['not UTF-8 JSON']),
+    (lambda saved: saved.replace(b'"vocab"', b'"vocab\xff"'), ['not UTF-8 JSON']),
+    # Another library's tokenizer.json, copied into the workdir.
+    (lambda saved: b'{"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0}}}',
+     ["format is None, not 'jaxlab-tokenizer'"]),
+])
+def test_a_damaged_or_foreign_tokenizer_file_is_refused_and_kept(tmp_path, kind, vocab_size,
+                                                                 damage, parts):
+  path = tmp_path / 'tokenizer.json'
+  text.load_or_train_tokenizer(str(path), kind, NON_ASCII, vocab_size=vocab_size)
+  path.write_bytes(damage(path.read_bytes()))
+  before = path.read_bytes()
+  with pytest.raises(ValueError) as error:
+    text.load_or_train_tokenizer(str(path), kind, NON_ASCII, vocab_size=vocab_size)
+  assert_one_sentence(str(error.value), repr(str(path)), 'is invalid', *parts)
+  assert path.read_bytes() == before and os.listdir(tmp_path) == ['tokenizer.json']
+
+
 def test_a_folder_at_the_tokenizer_file_is_refused_in_one_sentence_and_kept(tmp_path):
   # It used to be an IsADirectoryError traceback.
   path = tmp_path / 'tokenizer.json'
