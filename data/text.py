@@ -283,7 +283,8 @@ def make_sources(data_config, workdir: str) -> tuple[TokenWindows, TokenWindows,
 def _token_record_sources(data_config) -> tuple[pipeline.InMemorySource, pipeline.InMemorySource,
                                                  dict]:
   """`make_sources` for tokenizer='dataset': the splits' records, held in memory, are the
-  windows; meta as for text, with unit 'token' and no workdir file."""
+  windows; meta as for text, with unit 'token' and no workdir file. Both splits' windows must
+  have the train split's length and ids in the builder's tokenizer's vocabulary."""
   name, data_dir = data_config.name, data_config.get('data_dir')
   options = dict(data_config.get('options') or {})
   if data_config.get('vocab_size') is not None:
@@ -298,6 +299,15 @@ def _token_record_sources(data_config) -> tuple[pipeline.InMemorySource, pipelin
   sources = [pipeline.InMemorySource(datasets.load(name, split, data_dir=data_dir, **options))
              for split in (data_config.train_split, data_config.eval_split)]
   window = sources[0].arrays['tokens'].shape[1] - 1
+  for split, source in zip((data_config.train_split, data_config.eval_split), sources):
+    tokens = source.arrays['tokens']
+    if tokens.shape[1] - 1 != window:
+      raise ValueError(f'Split {split!r} of {name!r} holds windows of {tokens.shape[1] - 1} tokens, '
+                       f"not the train split's {window}.")
+    outside = tokens[(tokens < 0) | (tokens >= tokenizer.vocab_size)]
+    if outside.size:
+      raise ValueError(f'Split {split!r} of {name!r} holds token id {int(outside[0])}, outside the '
+                       f"vocabulary of {tokenizer.vocab_size} its builder's tokenizer names.")
   if data_config.get('window') not in (None, window):
     raise ValueError(f'The records of {name!r} are windows of {window} tokens, so data.window '
                      f'must be None or {window}, not {data_config.window!r}.')

@@ -6,6 +6,7 @@ checked by collecting every scored (position, token) pair over all windows.
 """
 
 import os
+import types
 
 import ml_collections
 import numpy as np
@@ -479,6 +480,49 @@ def test_bad_window_and_tokenizer_options_are_refused_before_the_text_is_read(tm
   assert_one_sentence(str(error.value), *parts)
   # Refused before the data set is prepared or anything is written.
   assert sorted(p.name for p in tmp_path.iterdir()) == ['src']
+
+
+# make_sources over records that are windows already (tokenizer='dataset')
+
+
+def _token_records(monkeypatch, splits, vocab='abcd'):
+  """A data set named 'windows' whose builder's tokenizer is a char tokenizer of `vocab` and
+  whose split `name` holds the rows of `splits[name]` as windows."""
+  def load(name, split, **kwargs):
+    rows = np.asarray(splits[split], np.int32)
+    return [{'tokens': row, 'weights': np.ones(len(row) - 1, np.float32)} for row in rows]
+  monkeypatch.setattr(text.datasets, 'load', load)
+  monkeypatch.setattr(text.datasets, 'make_builder', lambda name, **kwargs: types.SimpleNamespace(
+      tokenizer=tokenizers.CharTokenizer(list(vocab))))
+  return ml_collections.ConfigDict({'name': 'windows', 'train_split': 'train',
+                                    'eval_split': 'validation', 'tokenizer': 'dataset',
+                                    'vocab_size': None, 'window': None})
+
+
+def test_token_records_are_the_windows_and_their_counts_are_the_train_splits(monkeypatch):
+  config = _token_records(monkeypatch, {'train': [[0, 1, 2], [3, 3, 1]], 'validation': [[2, 2, 2]]})
+  train, evaluation, meta = text.make_sources(config, '')
+  assert meta['window'] == 2 and meta['vocab_size'] == 4 and meta['unit'] == 'token'
+  assert meta['token_counts'].tolist() == [1, 2, 1, 2]  # 0 once, 1 twice, 2 once, 3 twice
+  assert evaluation[0]['tokens'].tolist() == [2, 2, 2] and len(train) == 2
+
+
+@pytest.mark.parametrize('splits, parts', [
+    ({'train': [[0, 1, 2], [3, 4, 1]], 'validation': [[0, 1, 2]]},
+     ["Split 'train' of 'windows'", 'token id 4', 'vocabulary of 4']),
+    ({'train': [[0, 1, 2]], 'validation': [[0, -1, 2]]},
+     ["Split 'validation' of 'windows'", 'token id -1', 'vocabulary of 4']),
+    ({'train': [[0, 1, 2]], 'validation': [[0, 1, 2, 3]]},
+     ["Split 'validation' of 'windows'", 'windows of 3 tokens', "train split's 2"]),
+])
+def test_token_records_that_do_not_fit_the_vocabulary_or_window_are_refused(monkeypatch, splits,
+                                                                            parts):
+  # An id outside the vocabulary used to reach the model (an embedding lookup out of range)
+  # and make token_counts longer than the vocabulary; eval windows of another length, a
+  # model shaped for the train split's.
+  with pytest.raises(ValueError) as error:
+    text.make_sources(_token_records(monkeypatch, splits), '')
+  assert_one_sentence(str(error.value), *parts)
 
 
 def test_make_sources_on_the_real_file(tmp_path):
