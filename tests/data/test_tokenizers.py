@@ -384,6 +384,32 @@ def test_bad_files_raise_value_errors_naming_the_file(bpe, tmp_path, make_text, 
   assert str(bad) in str(error.value)
 
 
+@pytest.mark.parametrize('vocab, message', [
+    (['a', 'bc'], 'a character vocabulary holds single characters'),
+    (['a', ''], '"vocab" must be a list of distinct non-empty strings'),
+    (['a', 'a'], '"vocab" must be a list of distinct non-empty strings'),
+    ('abc', '"vocab" must be a list of distinct non-empty strings'),
+    (['a', 7], '"vocab" must be a list of distinct non-empty strings'),
+])
+def test_bad_char_vocabularies_are_one_sentence_naming_the_file(tmp_path, vocab, message):
+  path = tmp_path / 'char.json'
+  _CHAR.save(path)
+  payload = json.loads(path.read_text(encoding='utf-8'))
+  path.write_text(json.dumps(dict(payload, vocab=vocab)), encoding='utf-8')
+  for load in (tokenizers.load, tokenizers.CharTokenizer.load):
+    with pytest.raises(ValueError) as error:
+      load(path)
+    assert str(error.value) == f'Tokenizer file {str(path)!r} is invalid: {message}.'
+
+
+def test_a_tokenizer_file_nested_too_deep_is_one_sentence_naming_it(tmp_path):
+  path = tmp_path / 'deep.json'
+  path.write_text('[' * 100_000)
+  with pytest.raises(ValueError) as error:
+    tokenizers.load(path)
+  assert_one_sentence(str(error.value), repr(str(path)), 'nests deeper than any tokenizer file')
+
+
 def test_loading_the_wrong_kind_or_non_utf8_names_the_file(tmp_path):
   path = tmp_path / 'char.json'
   _CHAR.save(path)
