@@ -302,8 +302,8 @@ def _token_record_sources(data_config) -> tuple[pipeline.InMemorySource, pipelin
   for split, source in zip((data_config.train_split, data_config.eval_split), sources):
     tokens = source.arrays['tokens']
     if tokens.shape[1] - 1 != window:
-      raise ValueError(f'Split {split!r} of {name!r} holds windows of {tokens.shape[1] - 1} tokens, '
-                       f"not the train split's {window}.")
+      raise ValueError(f'Split {split!r} of {name!r} holds windows of {tokens.shape[1] - 1} '
+                       f"tokens, not the train split's {window}.")
     outside = tokens[(tokens < 0) | (tokens >= tokenizer.vocab_size)]
     if outside.size:
       raise ValueError(f'Split {split!r} of {name!r} holds token id {int(outside[0])}, outside the '

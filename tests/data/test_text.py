@@ -406,8 +406,8 @@ def test_a_split_too_short_for_a_window_is_refused_naming_split_and_window(tmp_p
     text.make_sources(config, str(tmp_path / 'work'))
   assert_one_sentence(str(error.value), "Split 'validation' of 'tiny_shakespeare'", '1 token,',
                       'fewer than the 2', 'evaluation window needs')
-  _, evaluation, _ = text.make_sources(_config(tmp_path, short, data_dir=str(tmp_path / 'tfds_short'),
-                                               eval_split='test'), str(tmp_path / 'work'))
+  config = _config(tmp_path, short, data_dir=str(tmp_path / 'tfds_short'), eval_split='test')
+  _, evaluation, _ = text.make_sources(config, str(tmp_path / 'work'))
   assert len(evaluation) == 1 and evaluation[0]['weights'].tolist() == [1] + [0] * 7
   assert not (tmp_path / 'work').exists()
 
@@ -457,8 +457,8 @@ def test_read_text_decodes_utf8_and_cuts_by_characters(tmp_path):
   n = len(content)
   i = int(0.9 * n)
   j = i + int(0.5 * (n - i))
-  read = text.read_text('tiny_shakespeare', 'train+validation+test', data_dir=str(tmp_path / 'tfds'),
-                        source_dir=str(source))
+  read = text.read_text('tiny_shakespeare', 'train+validation+test',
+                        data_dir=str(tmp_path / 'tfds'), source_dir=str(source))
   assert read == content[:i] + '\n' + content[i:j] + '\n' + content[j:]
 
 
