@@ -135,6 +135,9 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
     OptionError (a TypeError and a ValueError): an option the data set does not take.
     FileNotFoundError: the data set is not prepared and cannot be obtained.
   """
+  if not isinstance(split, str):
+    raise ValueError(f'The split of data set {name!r} must be a split name or a TFDS split '
+                     f"expression such as 'train[:10%]', not {split!r}.")
   source_dir = options.pop('source_dir', None) if name in LOCAL_BUILDERS else None
   if source_dir is not None and not sources.reads_local_files(LOCAL_BUILDERS[name]):
     raise OptionError(f"Data set '{name}' is generated, not read from files: it takes no "
@@ -226,9 +229,9 @@ def _known_splits(builder) -> tuple[str, ...]:
   return tuple(builder.info.splits) or tuple(getattr(builder, 'SPLITS', ()))
 
 
-def _check_split(name: str, split, allowed: Sequence[str]) -> None:
+def _check_split(name: str, split: str, allowed: Sequence[str]) -> None:
   """Rejects split names outside `allowed`; slices and '+' are left to TFDS."""
-  if not isinstance(split, str) or not allowed:
+  if not allowed:
     return
   for part in split.split('+'):
     base = part.split('[')[0].strip()

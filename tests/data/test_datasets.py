@@ -328,6 +328,14 @@ def test_unknown_split_lists_the_splits_before_preparing(tmp_path):
   assert not (tmp_path / 'jaxlab_tiny_shakespeare').exists()
 
 
+@pytest.mark.parametrize('split', [None, 0, ['train']])
+def test_a_split_that_is_not_a_string_is_refused_before_preparing(tmp_path, split):
+  with pytest.raises(ValueError) as error:
+    datasets.load('tiny_shakespeare', split, data_dir=tmp_path)
+  assert_one_sentence(str(error.value), repr(split), "'tiny_shakespeare'")
+  assert not (tmp_path / 'jaxlab_tiny_shakespeare').exists()
+
+
 def test_a_data_directory_inside_a_file_is_refused_naming_it(tmp_path, monkeypatch):
   file = tmp_path / 'not_a_folder'
   file.write_text('')
