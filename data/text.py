@@ -308,7 +308,8 @@ def _token_record_sources(data_config) -> tuple[pipeline.InMemorySource, pipelin
     if outside.size:
       raise ValueError(f'Split {split!r} of {name!r} holds token id {int(outside[0])}, outside the '
                        f"vocabulary of {tokenizer.vocab_size} its builder's tokenizer names.")
-  if data_config.get('window') not in (None, window):
+  given = data_config.get('window')
+  if given is not None and (type(given) is not int or given != window):
     raise ValueError(f'The records of {name!r} are windows of {window} tokens, so data.window '
                      f'must be None or {window}, not {data_config.window!r}.')
   meta = {'vocab_size': tokenizer.vocab_size, 'tokenizer': tokenizer,

@@ -224,6 +224,7 @@ def test_batches_reach_the_language_model_task(data_dir, prepared, tmp_path):
 
 def test_data_config_mistakes_are_refused(data_dir, prepared, tmp_path):
   for overrides, parts in (({'window': 32}, ['64', '32', 'data.window']),
+                           ({'window': 64.0}, ['64.0', 'data.window']),
                            ({'vocab_size': 313}, ['data.vocab_size', '313']),
                            ({'name': 'digits', 'options': {}}, ["'digits'", 'char']),
                            ({'tokenizer': 'datset'}, ["'datset'", "'dataset'"])):
