@@ -139,9 +139,7 @@ def load_or_train_tokenizer(path: str, kind: str, train_text: str, *, vocab_size
   if not save:
     return tokenizer
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  temporary = path + '.tmp'
-  tokenizer.save(temporary)
-  os.replace(temporary, path)
+  tokenizer.save(path)  # written beside `path` and renamed into place
   return tokenizer
 
 
