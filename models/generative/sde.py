@@ -295,7 +295,9 @@ def pc_sample(sde: SDE, score_fn: ScoreFn, shape, key, num_steps: int = 1000,
   `shape` [B, …] at t = T down to t = ε, in num_steps steps of h = (T − ε)/num_steps: at
   t_i = T − i h the corrector (`corrector_steps` Langevin steps), then the predictor from
   t_i to t_i − h (the order of the authors' implementation). Either may be None. Returns
-  the last predictor's (or corrector's) mean, without its noise."""
+  the last predictor's (or corrector's) mean, without its noise. x_T is drawn with the key
+  fold_in(key, num_steps); step i (i = 0 … num_steps − 1) gives its corrector the first and
+  its predictor the second key of split(fold_in(key, i))."""
   check_shape(shape)
   _check_steps('num_steps', num_steps)
   _check_steps('corrector_steps', corrector_steps)
