@@ -416,6 +416,14 @@ def test_discretisations_are_the_ddpm_and_smld_steps():
   sigma = lambda s: 0.01 * (50.0 / 0.01) ** s
   np.testing.assert_array_equal(f, 0.0)
   np.testing.assert_allclose(g.reshape(-1), [np.sqrt(sigma(t)**2 - sigma(t - h)**2)], rtol=1e-5)
+  # sub-VP: the Euler–Maruyama step of eq. 17, f_i = −½β(t) x h and
+  # G_i = g(t) √h = √(β(t)(1 − e^{−2B(t)}) h), B(t) = β_min t + ½ t² (β_max − β_min). Its
+  # sampler test uses the Euler–Maruyama predictor, not this step: G_i = g(t) h passed it.
+  f, g = SDES['subvp'].discretize(x, jnp.array([t]), h)
+  beta, big_b = 0.1 + t * (20.0 - 0.1), 0.1 * t + 0.5 * t**2 * (20.0 - 0.1)
+  np.testing.assert_allclose(f, -0.5 * beta * h * np.array([[1.5, -2.0]]), rtol=1e-5)
+  np.testing.assert_allclose(g.reshape(-1), [np.sqrt(beta * (1 - np.exp(-2 * big_b)) * h)],
+                             rtol=1e-5)
 
 
 def test_pc_sampler_starts_from_the_prior():
