@@ -12,6 +12,7 @@ import pytest
 from models.generative.time_mlp import TimeMLP
 from tests.messages import one_sentence
 from train import tasks
+from train.tasks import base
 from train.tasks import diffusion
 
 N, D = 4096, 2
@@ -292,3 +293,49 @@ def test_the_fewest_pc_steps_that_work_are_accepted(sde):
   task = tasks.build('diffusion', {'features': ('image',)}, objective='score_sde', sde=sde,
                      sample_steps=20)
   assert task.sample_steps == 20
+
+
+class RecordingEps:
+  """A 'module' predicting ε = 0 that records the timesteps of each call it is run with."""
+
+  def __init__(self):
+    self.calls = []
+
+  def apply(self, variables, x, t_B):
+    del variables
+    jax.debug.callback(lambda t: self.calls.append(np.asarray(t)), t_B, ordered=True)
+    return jnp.zeros_like(x)
+
+
+@pytest.mark.parametrize('sampler, steps, calls', [
+    ('ancestral', 4, 4), ('ddim', 4, 4), ('pc', 3, 6), ('ode', 2, 8), ('ancestral', 0, 10)])
+def test_samplers_take_the_steps_they_are_given(sampler, steps, calls):
+  # T = 10, so 4 respaced steps keep the timesteps round(1 + (k − 1)·9/3) = 1, 4, 7, 10 and run
+  # them from 10 down; 0 steps means all T. The PC sampler calls the network once in its
+  # corrector and once in its predictor per step, RK4 four times per step. A task that dropped
+  # `steps` (sampling all 1,000 or 10 steps) draws the same Gaussian data with the exact ε, so
+  # the sampler tests above would pass; the number of calls tells.
+  task = tasks.build('diffusion', {'features': ('x',), 'shapes': {'x': (2,)}}, objective='ddpm',
+                     input_key='x', num_steps=10)
+  module = RecordingEps()
+  jax.block_until_ready(task.sample(module, {}, jax.random.PRNGKey(0), 3, steps,
+                                    sampler=sampler))
+  jax.effects_barrier()
+  assert len(module.calls) == calls, [c[0] for c in module.calls]
+  assert all(c.shape == (3,) and np.all(c == c[0]) for c in module.calls)
+  if sampler in ('ancestral', 'ddim'):
+    expected = [10, 7, 4, 1] if steps else list(range(10, 0, -1))
+    np.testing.assert_array_equal([c[0] for c in module.calls], expected)
+
+
+def test_the_sample_grid_after_evaluation_takes_sample_steps():
+  # task.sample_steps = 4 of T = 10: the grid's sampler runs the 4 respaced timesteps; a hook
+  # that left the option out would run all 10.
+  task = tasks.build('diffusion', {'features': ('x',), 'shapes': {'x': (2, 2, 1)}},
+                     objective='ddpm', input_key='x', num_steps=10, num_samples=2, sample_steps=4)
+  module = RecordingEps()
+  (hook,) = task.eval_hooks()
+  grid = hook(base.HookContext(module, {}, jax.random.PRNGKey(0), 0))['samples']
+  jax.effects_barrier()
+  assert grid.shape == (2, 5, 1)  # two 2 × 2 images side by side, one pixel between
+  np.testing.assert_array_equal([c[0] for c in module.calls], [10, 7, 4, 1])
