@@ -446,7 +446,6 @@ def test_min_pc_steps_keeps_beta_h_strictly_below_one_at_an_integer_boundary():
   assert sde_lib.min_pc_steps(SDES['vp'], eps=0.0501) == 19
 
 
-
 def test_pc_sampler_is_its_documented_steps():
   # Algorithm 1 written out for the VE SDE (f = 0): x_T ~ N(0, σ_max² I) from fold_in(key, N);
   # at t_i = T − i h the corrector (keyed by the first of split(fold_in(key, i))), then the
