@@ -2,8 +2,8 @@
 
   Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + bias, masked) V
 
-Masks are boolean, True where a query may attend to a key, and broadcast to
-[B, N, T, S] (batch, heads, queries, keys). A query whose keys are all masked
+Masks are boolean, True where a query may attend to a key, and have four axes that
+broadcast to [B, N, T, S] (batch, heads, queries, keys). A query whose keys are all masked
 gets the zero vector (not the uniform average a large negative fill would give,
 and never NaN).
 
@@ -54,17 +54,24 @@ def combine_masks(*masks) -> jax.Array | None:
 
 
 def check_mask(mask, shape_BxNxTxS: tuple[int, int, int, int]):
-  """`mask` as a bool array that broadcasts to [B, N, T, S]; else one sentence naming its
-  shape or dtype (its shape and dtype are static, so this raises when traced)."""
+  """`mask` as a bool array of 4 axes that broadcasts to [B, N, T, S]; else one sentence
+  naming its shape or dtype (its shape and dtype are static, so this raises when traced)."""
   mask = jnp.asarray(mask)
   if mask.dtype != jnp.bool_:
     raise ValueError(f'An attention mask must be bool (True where a query may attend), got '
                      f'{mask.dtype}.')
-  if mask.ndim > 4 or any(m not in (1, n) for m, n in zip(mask.shape[::-1], shape_BxNxTxS[::-1])):
-    raise ValueError(f'An attention mask of shape {mask.shape} does not broadcast to [B, N, T, S] '
-                     f'= {tuple(shape_BxNxTxS)}; give valid keys as [B, 1, 1, S] (`key_mask`) or '
-                     f'a [T, S] mask.')
+  _check_four_axes(mask, 'mask', shape_BxNxTxS)
   return mask
+
+
+def _check_four_axes(array, what: str, shape_BxNxTxS: tuple[int, int, int, int]) -> None:
+  """Four axes, each 1 or the full size. Fewer axes are refused rather than broadcast from
+  the right: a [B, S] padding mask would then be read as [T, S] whenever B equals T."""
+  if array.ndim != 4 or any(m not in (1, n) for m, n in zip(array.shape, shape_BxNxTxS)):
+    raise ValueError(f'An attention {what} of shape {array.shape} does not broadcast to '
+                     f'[B, N, T, S] = {tuple(shape_BxNxTxS)}; give its 4 axes, each 1 or the full '
+                     f'size (valid keys [B, S] as [B, 1, 1, S] by `key_mask`, a [T, S] {what} as '
+                     f'{what}[None, None]).')
 
 
 def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, mask=None, bias=None,
@@ -87,6 +94,8 @@ def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, mask=None, bias=No
   if causal:
     mask = combine_masks(mask, causal_mask(num_queries, num_keys)[None, None])
   if bias is not None:
+    bias = jnp.asarray(bias)
+    _check_four_axes(bias, 'bias', (q_BxTxNxH.shape[0], q_BxTxNxH.shape[2], num_queries, num_keys))
     bias = jnp.broadcast_to(bias, (q_BxTxNxH.shape[0], q_BxTxNxH.shape[2], num_queries, num_keys))
     # XLA adds the bias to float32 logits, so it stays float32 (a bfloat16 ALiBi bias of
     # −m·d ≈ 100 would round to steps of 0.5); cuDNN wants it in the compute dtype.
@@ -109,6 +118,8 @@ def attention_weights(q_BxTxNxH, k_BxSxNxH, *, mask=None, bias=None, causal: boo
   logits_BxNxTxS = jnp.einsum('btnh,bsnh->bnts', q_BxTxNxH, k_BxSxNxH,
                               preferred_element_type=jnp.float32) / jnp.sqrt(q_BxTxNxH.shape[-1])
   if bias is not None:
+    bias = jnp.asarray(bias)
+    _check_four_axes(bias, 'bias', logits_BxNxTxS.shape)
     logits_BxNxTxS = logits_BxNxTxS + bias
   if mask is not None:
     mask = check_mask(mask, logits_BxNxTxS.shape)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from models.attention import core
+from tests.messages import one_sentence
 
 B, N, H = 3, 2, 4
 
@@ -68,7 +69,7 @@ CASES = {
     'padding': lambda: (4, 6, False, padding_allowed([6, 2, 0], 6), None),
     'random_mask': lambda: (4, 5, False, _random_mask(4, 5), None),
     'bias': lambda: (4, 5, False, None, draw((B, N, 4, 5), 8, scale=2.0)),
-    'broadcast_bias': lambda: (4, 5, False, None, draw((N, 4, 5), 9, scale=2.0)),
+    'broadcast_bias': lambda: (4, 5, False, None, draw((1, N, 4, 5), 9, scale=2.0)),
     'causal_bias': lambda: (5, 5, True, None, draw((B, N, 5, 5), 10, scale=2.0)),
     'causal_padding_cross_shapes': lambda: (6, 4, True, padding_allowed([4, 3, 0], 4), None),
 }
@@ -107,14 +108,33 @@ def test_a_bias_keeps_float32_precision_under_bfloat16_compute():
   q = jnp.zeros((1, 1, 1, 2), jnp.bfloat16)
   k = jnp.zeros((1, 2, 1, 2), jnp.bfloat16)
   v = jnp.array([[[[0.0, 0.0]], [[1.0, 1.0]]]], jnp.bfloat16)
-  bias = jnp.array([-100.0, -99.75], jnp.float32)
+  bias = jnp.array([[[[-100.0, -99.75]]]], jnp.float32)
   expected = 1 / (1 + np.exp(-0.25))
-  for mask in (None, jnp.array([True, True])):
+  for mask in (None, jnp.array([[[[True, True]]]])):
     out = core.dot_product_attention(q, k, v, bias=bias, mask=mask)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out, np.float32), expected, atol=4e-3)  # bf16 output
   np.testing.assert_allclose(core.attention_weights(q, k, bias=bias)[0, 0, 0],
                              [1 - expected, expected], atol=1e-6)
+
+
+def test_masks_and_biases_of_fewer_than_four_axes_are_refused_even_when_they_would_broadcast():
+  # With as many sequences as positions (B = T = S = 3), a [B, S] padding mask broadcasts as a
+  # [T, S] one from the right: query t of every sequence would see sequence t's valid keys.
+  # Such masks and biases are refused, in one sentence naming the shape; [B, 1, 1, S] is read.
+  q = draw((3, 3, 2, 4), 1)
+  valid_BxS = np.array([[True, False, False], [True, True, False], [True, True, True]])
+  for kwargs, shape in ((dict(mask=valid_BxS), '(3, 3)'), (dict(mask=valid_BxS[None]), '(1, 3, 3)'),
+                        (dict(bias=np.zeros((3, 3), np.float32)), '(3, 3)')):
+    what = 'mask' if 'mask' in kwargs else 'bias'
+    for fn in (core.dot_product_attention, lambda q, k, v, **kw: core.attention_weights(q, k, **kw)):
+      message = one_sentence(lambda: fn(q, q, q, **kwargs), f'attention {what} of shape {shape}',
+                             '[B, 1, 1, S]')
+      assert f'a [T, S] {what} as {what}[None, None]' in message
+  weights = core.attention_weights(q, q, mask=core.key_mask(valid_BxS))
+  for b in range(3):
+    np.testing.assert_array_equal(np.asarray(weights[b]) > 0,
+                                  np.broadcast_to(valid_BxS[b], (2, 3, 3)))
 
 
 def test_mask_helpers_match_loops():
@@ -410,7 +430,8 @@ def test_projection_kernels_are_lecun_normal_over_their_whole_fan_in():
 @pytest.mark.parametrize('mask, message', [
     # A padding mask [B, S] as it comes from `padding_mask`, without `key_mask`'s new axes.
     (np.ones((2, 5), bool), r'An attention mask of shape \(2, 5\) does not broadcast to '
-                            r'\[B, N, T, S\] = \(2, 2, 5, 5\); give valid keys as \[B, 1, 1, S\]'),
+                            r'\[B, N, T, S\] = \(2, 2, 5, 5\); give its 4 axes, each 1 or the '
+                            r'full size \(valid keys \[B, S\] as \[B, 1, 1, S\] by `key_mask`'),
     (np.ones((2, 1, 1, 4), bool), r'An attention mask of shape \(2, 1, 1, 4\) does not broadcast '
                                   r'to \[B, N, T, S\] = \(2, 2, 5, 5\)'),
     (np.ones((2, 1, 1, 5), np.float32), 'An attention mask must be bool .* got float32.'),
