@@ -21,9 +21,12 @@ naive baselines and draws one forecast.
    on the same origins and horizons: the last value and the seasonal naive
    forecast (period 12 months).
 3. Prints the mean absolute error at horizons 1, 6, 12, 24 and over 1 … N,
-   writes every horizon's to `<workdir>/forecast_test.json`, and a figure
-   (`--figure`, default `<workdir>/forecast.png`): the forecasts from the first
-   test origin against the truth, and the MAE at every horizon.
+   appends every horizon's, with the forecasts, `num_steps`, the checkpoint step
+   and the weights evaluated ('ema' or 'params'), as one line to
+   `<workdir>/forecast_test.jsonl` (so a rerun with other settings keeps the
+   earlier lines; a `forecast_test.json` written before is left as it is), and
+   draws a figure (`--figure`, default `<workdir>/forecast.png`): the forecasts
+   from the first test origin against the truth, and the MAE at every horizon.
 """
 
 import functools
@@ -35,7 +38,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-OUTPUT_FILE = 'forecast_test.json'
+OUTPUT_FILE = 'forecast_test.jsonl'
 REPORTED_HORIZONS = (1, 6, 12, 24)
 SEASON = 12  # months
 
@@ -78,7 +81,8 @@ def train(config, workdir: str, *, allow_config_change: bool = False) -> dict:
 def evaluate(config, workdir: str, *, num_steps: int = 24, split: str = 'test') -> dict:
   """Forecasts from every origin of `split` and scores them (see the module docstring).
 
-  Returns a JSON-ready record: the origins, and for each method the forecasts
+  Returns a JSON-ready record: `num_steps`, the checkpoint step and the weights
+  evaluated ('ema' or 'params'), the origins, and for each method the forecasts
   (ppm) and the MAE at every horizon 1 … num_steps.
   """
   import jax  # pylint: disable=g-import-not-at-top
@@ -124,6 +128,7 @@ def evaluate(config, workdir: str, *, num_steps: int = 24, split: str = 'test') 
                        'forecasts': forecast_NxS.tolist()}
   return {'split': split, 'unit': meta['unit'], 'num_steps': num_steps,
           'context': context, 'checkpoint_step': int(saved['step']),
+          'weights': 'params' if saved.get('ema_params') is None else 'ema',
           'origins': [date(i) for i in origins],
           'origin_indices': origins.tolist(), 'truth': truth_NxS.tolist(),
           'history': history(context).tolist(),
@@ -193,24 +198,23 @@ def plot(record: dict, output: str, title: str = '') -> None:
 
 
 def write_record(workdir: str, record: dict) -> str:
-  """Writes `record` to `<workdir>/forecast_test.json` (atomically); returns the path."""
+  """Appends `record` as one line to `<workdir>/forecast_test.jsonl`; returns the path."""
   path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(record, f, indent=1)
-    f.write('\n')
-  os.replace(path + '.tmp', path)
+  with open(path, 'a', encoding='utf-8') as f:
+    f.write(json.dumps(record, sort_keys=True) + '\n')
   return path
 
 
 def run(config, workdir: str, *, num_steps: int = 24, figure: str | None = None,
         allow_config_change: bool = False) -> dict:
-  """The command: trains, evaluates, prints the table and writes the record and the figure."""
+  """The command: trains, evaluates, prints the table, appends the record and draws the
+  figure."""
   from experiments import command_line  # pylint: disable=g-import-not-at-top
   from train import loop  # pylint: disable=g-import-not-at-top
   figure = figure or os.path.join(workdir, 'forecast.png')
   try:
     command_line.output_file(figure, 'figure')
-    command_line.record_file(workdir, OUTPUT_FILE, 'the record is written to')
+    command_line.record_file(workdir, OUTPUT_FILE, 'the record is appended to')
     # Whether the config forecasts and the test split holds a forecast, before training.
     forecast_origins(config, loop.build_parts(config, workdir)[2], num_steps)
     final = train(config, workdir, allow_config_change=allow_config_change)
@@ -225,7 +229,7 @@ def run(config, workdir: str, *, num_steps: int = 24, figure: str | None = None,
   path = write_record(workdir, record)
   plot(record, figure, title=f'{config.model.name} on {config.data.name}, step '
        f'{record["checkpoint_step"]}')
-  print(f'written to {path} and {figure}', file=sys.stderr)
+  print(f'appended to {path}; figure written to {figure}', file=sys.stderr)
   return record
 
 

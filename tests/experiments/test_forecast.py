@@ -1,6 +1,7 @@
 """experiments/forecast.py end to end: trains a tiny pooled forecaster through the shared train
 loop (the loss falls), scores the test split against the baselines (checked against a hand
-computation on the builder's records), writes the record, the table and the figure."""
+computation on the builder's records), appends the record, prints the table and draws the
+figure; a rerun with other settings appends its record after the earlier one."""
 
 import json
 import os
@@ -88,8 +89,12 @@ def test_forecast_script_scores_models_and_baselines_on_the_same_origins(config,
   # Horizons past the pooled model's 4 have no direct forecast.
   row = f'{"causal_conv_pooled (direct)":<42}{direct_mae[0]:8.3f}'
   assert row + f'{"—":>8}' * 4 in out
-  with open(os.path.join(workdir, forecast.OUTPUT_FILE), encoding='utf-8') as f:
-    assert json.load(f)['methods']['last value']['mae_by_horizon'] == pytest.approx(last.tolist())
+  # One line, the record the run returned, with its settings.
+  path = os.path.join(workdir, forecast.OUTPUT_FILE)
+  with open(path, 'rb') as f:
+    first = f.read()
+  assert first.endswith(b'\n') and first.count(b'\n') == 1 and json.loads(first) == record
+  assert (record['num_steps'], record['checkpoint_step'], record['weights']) == (24, 30, 'params')
   image = matplotlib.image.imread(figure)
   assert image.shape[0] > 300 and image.shape[1] > 1000
   # Trained through the shared loop: the loss fell, and the model beats the baselines.
@@ -97,6 +102,22 @@ def test_forecast_script_scores_models_and_baselines_on_the_same_origins(config,
     train = [r['loss'] for r in map(json.loads, f) if r['split'] == 'train']
   assert len(train) == 3 and train[-1] < 0.5 * train[0]
   assert np.mean(direct_mae) < min(last[:4].mean(), seasonal[:4].mean())
+
+  # A rerun with another --num_steps appends its record after the first, which stays byte for
+  # byte (it was replaced), and leaves a forecast_test.json of the earlier format as it was.
+  with open(os.path.join(workdir, 'forecast_test.json'), 'w', encoding='utf-8') as f:
+    f.write('{"an": "earlier record"}\n')
+  second = forecast.run(config, workdir, num_steps=6, figure=str(tmp_path / 'figures' / 'six.png'))
+  origins = np.arange(473, 520)  # every month whose next 6 lie in the test split
+  last_six = np.abs(x[origins][:, None] - x[origins[:, None] + h[:6]]).mean(axis=0)
+  np.testing.assert_allclose(second['methods']['last value']['mae_by_horizon'], last_six,
+                             rtol=1e-6)
+  with open(path, 'rb') as f:
+    both = f.read()
+  assert both.startswith(first) and both[len(first):].count(b'\n') == 1
+  assert json.loads(both[len(first):]) == second and second['num_steps'] == 6
+  with open(os.path.join(workdir, 'forecast_test.json'), encoding='utf-8') as f:
+    assert f.read() == '{"an": "earlier record"}\n'
 
 
 def test_a_bad_step_count_stops_before_training_in_one_sentence(config, tmp_path):
@@ -177,5 +198,5 @@ def test_a_record_file_that_is_a_folder_stops_before_training(config, tmp_path, 
   with pytest.raises(SystemExit) as info:
     forecast.run(config, str(workdir))
   assert str(info.value) == (f"error: '{workdir / forecast.OUTPUT_FILE}', the file the record is "
-                             'written to, is a folder.')
+                             'appended to, is a folder.')
   assert os.listdir(workdir) == [forecast.OUTPUT_FILE]
