@@ -32,8 +32,11 @@ of data/toy2d.py whose density and score are known in closed form:
    Carlo; the kernel at t = ε = 1e-5 (std ≤ 1e-3 against the components' 0.2) is negligible.
    Divergences are keyed 'exact_trace' and 'hutchinson', scores 'learned' and 'exact'.
 
-Prints a table, writes `<workdir>/mixture_diffusion.json` and, with --figure, a PNG of the
-test points and the learned model's PC, ODE and annealed-Langevin samples side by side.
+Prints a table and appends the report, with its settings (--num_samples, --seed and the
+steps of each sampler), the checkpoint step and the SDE, as one line to
+`<workdir>/mixture_diffusion.jsonl` (so a rerun with other settings keeps the earlier lines; a
+`mixture_diffusion.json` written before is left as it is) and, with --figure, draws a PNG of
+the test points and the learned model's PC, ODE and annealed-Langevin samples side by side.
 """
 
 import functools
@@ -57,7 +60,7 @@ from models.generative import sde as sde_lib
 
 FLAGS = flags.FLAGS
 
-OUTPUT_FILE = 'mixture_diffusion.json'
+OUTPUT_FILE = 'mixture_diffusion.jsonl'
 SAMPLERS = ('pc', 'ode', 'annealed_langevin')
 
 
@@ -395,14 +398,14 @@ def learned_score_fn(workdir: str):
 
 def run(workdir: str | None, *, num_samples: int = 2000, seed: int = 0,
         figure: str | None = None, **settings) -> dict:
-  """The command: reports on the run, prints the table, writes the JSON (and the figure); a
-  bad input exits with status 1 and one sentence."""
+  """The command: reports on the run, prints the table, appends the report (and draws the
+  figure); a bad input exits with status 1 and one sentence."""
   try:
     if not workdir:
       raise ValueError('--workdir must name the work directory of a trained score_sde run.')
     if figure:
       command_line.output_file(figure, 'figure')
-    command_line.record_file(workdir, OUTPUT_FILE, 'the report is written to')
+    command_line.record_file(workdir, OUTPUT_FILE, 'the report is appended to')
     loaded = _load(workdir)
     start = time.perf_counter()
     result = report(loaded['score_fn'], loaded['sde'], loaded['mixture'], loaded['test_points'],
@@ -416,10 +419,9 @@ def run(workdir: str | None, *, num_samples: int = 2000, seed: int = 0,
         f'{num_samples} samples, seed {seed}')
   print(format_table(result))
   path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
-  with open(path, 'w', encoding='utf-8') as f:
-    json.dump(result, f, indent=1, sort_keys=True)
-    f.write('\n')
-  print(f'written to {path}')
+  with open(path, 'a', encoding='utf-8') as f:
+    f.write(json.dumps(result, sort_keys=True) + '\n')
+  print(f'appended to {path}')
   if figure:
     plot(loaded['test_points'], samples, figure,
          f'{os.path.basename(os.path.abspath(workdir))}, step {loaded["step"]}: learned score')

@@ -1,7 +1,8 @@
 """The mixture-diffusion report with the exact score of the diffused mixture (no network): that
 score against central differences of the diffused density written out in float64 numpy, the
 noise-level times against the SDE's kernel, the ODE likelihood against the exact NLL, the
-samplers' two-sample p-values and moments, and the one-sentence errors of unusable runs."""
+samplers' two-sample p-values and moments, the command's one line per run appended to
+mixture_diffusion.jsonl, and the one-sentence errors of unusable runs."""
 
 import json
 import os
@@ -73,17 +74,44 @@ def test_noise_level_times_have_kernel_std_sigma():
   assert times[0] <= sde.T and np.all(np.diff(times) < 0)
 
 
-def test_report_with_the_exact_score_matches_the_mixture():
+def test_report_with_the_exact_score_matches_the_mixture_and_a_rerun_appends_its_own(
+    tmp_path, monkeypatch, capsys):
+  # The command, with the exact score standing in for the run's.
   mixture, sde = toy2d.ring(), sde_lib.VESDE()
   test_points = toy2d.dataset('ring', num_train=1, num_test=300)['test']
-  result = md.report(md.exact_score_fn(mixture, sde), sde, mixture, test_points,
-                     jax.random.PRNGKey(0), num_samples=300, langevin_steps=300,
-                     langevin_step_size=3e-3, pc_steps=100, ode_steps=30, annealed_levels=30,
-                     annealed_steps_per_level=5, annealed_epsilon=2e-4, likelihood_steps=30,
-                     num_permutations=100, compare_with_exact=False)
-  samples = result.pop('samples')
-  json.dumps(result)
+  monkeypatch.setattr(md, '_load', lambda workdir: {
+      'score_fn': md.exact_score_fn(mixture, sde), 'sde': sde, 'mixture': mixture,
+      'test_points': test_points, 'step': 7})
+  reports, report = [], md.report
+  monkeypatch.setattr(md, 'report', lambda *a, **k: reports.append(dict(report(*a, **k)))
+                      or dict(reports[-1]))
+  (tmp_path / 'mixture_diffusion.json').write_text('{"an": "earlier report"}\n')
+  settings = dict(num_samples=300, langevin_steps=300, langevin_step_size=3e-3, pc_steps=100,
+                  ode_steps=30, annealed_levels=30, annealed_steps_per_level=5,
+                  annealed_epsilon=2e-4, likelihood_steps=30, num_permutations=100,
+                  compare_with_exact=False)
+  result = md.run(str(tmp_path), seed=0, **settings)
+  samples = reports[0]['samples']
   assert sorted(samples) == sorted(md.SAMPLERS) and samples['pc'].shape == (300, 2)
+  # One line: the report the run returned, with its settings, the checkpoint step and the SDE.
+  path = tmp_path / md.OUTPUT_FILE
+  written = path.read_bytes()
+  assert written.endswith(b'\n') and written.count(b'\n') == 1 and json.loads(written) == result
+  assert (result['seed'], result['settings']['num_samples'], result['settings']['pc_steps'],
+          result['step'], result['sde']) == (0, 300, 100, 7, 'VESDE')
+
+  # A rerun with another seed (the same shapes: nothing is compiled again) appends its report
+  # after the first, which stays byte for byte (it was written over), and leaves a
+  # mixture_diffusion.json of the earlier format as it was.
+  rerun = md.run(str(tmp_path), seed=1, **settings)
+  both = path.read_bytes()
+  assert both.startswith(written) and both[len(written):].count(b'\n') == 1
+  assert json.loads(both[len(written):]) == rerun
+  assert (rerun['seed'], rerun['step']) == (1, 7) and rerun['langevin'] != result['langevin']
+  out = capsys.readouterr().out
+  assert f'{tmp_path}, step 7, VESDE, 300 samples, seed 0\n' in out
+  assert f'{tmp_path}, step 7, VESDE, 300 samples, seed 1\n' in out
+  assert (tmp_path / 'mixture_diffusion.json').read_text() == '{"an": "earlier report"}\n'
 
   likelihood = result['likelihood']
   exact, hutchinson = likelihood['learned']['exact_trace'], likelihood['learned']['hutchinson']
@@ -195,4 +223,5 @@ def test_a_report_file_that_is_a_folder_is_refused_before_the_run_is_read(tmp_pa
   with pytest.raises(SystemExit) as info:
     md.run(str(tmp_path))
   assert info.value.code == (f"error: '{tmp_path / md.OUTPUT_FILE}', the file the report is "
-                             'written to, is a folder.')
+                             'appended to, is a folder.')
+
