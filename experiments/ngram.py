@@ -13,9 +13,12 @@ every k of --add_k (k = 1, Laplace, and k = 0.01), and Kneser–Ney uses the
 fixed discount D = 0.75 (or --kn_discount=estimate, D = n₁ / (n₁ + 2 n₂) per
 level from the training counts).
 
-Writes results.md (the Markdown table) and samples.txt (one --sample_length
-character sample per model, drawn with --seed from --prompt) to --workdir. From the
-repository root:
+Each run appends one section to results.md in --workdir: a heading naming its
+settings (the flags that change its numbers or samples), the size of the data and
+the Markdown table; and one section under the same heading to samples.txt (one
+--sample_length character sample per model, drawn with --seed from --prompt).
+Nothing earlier in either file changes, so runs with other settings accumulate
+there, each under its own heading. From the repository root:
 
   python -m experiments.ngram --tiny_shakespeare_dir=../shared/data/tinyshakespeare \
       --workdir=workdirs/ngram
@@ -23,6 +26,7 @@ repository root:
 
 import math
 import os
+import re
 import tempfile
 import time
 
@@ -38,13 +42,17 @@ from models import ngram
 
 FLAGS = flags.FLAGS
 
+RESULTS_FILE = 'results.md'
+SAMPLES_FILE = 'samples.txt'
+
 
 def define_flags() -> None:
   # Called only when run as a script, so that importing the module defines no flags.
   flags.DEFINE_string('tiny_shakespeare_dir', None,
                       'Folder holding input.txt (default: $TINY_SHAKESPEARE_DIR).')
   flags.DEFINE_string('data_dir', None, 'TFDS data directory (default: a temporary folder).')
-  flags.DEFINE_string('workdir', None, 'Where results.md and samples.txt go.')
+  flags.DEFINE_string('workdir', None, 'Folder whose results.md and samples.txt each run '
+                      'appends its section to.')
   flags.DEFINE_list('orders', ['1', '2', '3', '4', '5', '6'], 'n-gram orders n.')
   flags.DEFINE_list('smoothing', ['kneser_ney', 'add_k'], 'Smoothings, of: ' + ', '.join(ngram.SMOOTHINGS))
   flags.DEFINE_list('add_k', ['1.0', '0.01'], 'Every k of add-k smoothing to report.')
@@ -132,9 +140,48 @@ def evaluate(model: ngram.NGramModel, windows: dict, units_per_token: np.ndarray
                                        np.sum(units_per_token[targets_BxT] * weights_BxT), unit)
 
 
+def settings_heading(*, window: int, orders, smoothings, add_ks, kn_discount: str, prompt: str,
+                     sample_length: int, seed: int) -> str:
+  """The Markdown heading of one run's sections in results.md and samples.txt: the flags, as
+  given, that change its numbers or samples (--add_k only with add-k smoothing, --kn_discount
+  only with Kneser–Ney), as one code span."""
+  given = [f'--window={window}', f'--orders={",".join(orders)}',
+           f'--smoothing={",".join(smoothings)}']
+  if 'add_k' in smoothings:
+    given.append(f'--add_k={",".join(add_ks)}')
+  if 'kneser_ney' in smoothings:
+    given.append(f'--kn_discount={kn_discount}')
+  # The prompt as a Python literal: quoted, and a line break in it written as \n.
+  given += [f'--prompt={prompt!r}', f'--sample_length={sample_length}', f'--seed={seed}']
+  text = ' '.join(given)
+  # A code span's backticks outnumber any run of backticks inside it (CommonMark).
+  fence = '`' * (1 + max([0] + [len(run) for run in re.findall('`+', text)]))
+  pad = ' ' if '`' in text else ''
+  return f'## {fence}{pad}{text}{pad}{fence}'
+
+
+def append_section(path: str, section: str) -> None:
+  """Appends `section` to the file at `path` (made if missing), after a blank line when the file
+  holds text already (ending its last line first if it was left unended); what the file held
+  is kept byte for byte."""
+  gap = ''
+  if os.path.isfile(path) and os.path.getsize(path):
+    with open(path, 'rb') as f:
+      f.seek(-1, os.SEEK_END)
+      gap = '\n' if f.read(1) == b'\n' else '\n\n'
+  with open(path, 'a', encoding='utf-8') as f:
+    f.write(gap + section)
+
+
 def main(argv):
   del argv
   command_line.work_directory(FLAGS.workdir)
+  for name, role in ((RESULTS_FILE, 'the table is appended to'),
+                     (SAMPLES_FILE, 'the samples are appended to')):
+    try:
+      command_line.record_file(FLAGS.workdir, name, role)
+    except ValueError as error:
+      raise app.UsageError(str(error)) from None
   start = time.perf_counter()
   specs = model_specs(FLAGS.orders, FLAGS.smoothing, FLAGS.add_k, FLAGS.kn_discount)
   with tempfile.TemporaryDirectory() as temporary:
@@ -148,9 +195,14 @@ def main(argv):
   check_orders(sorted({order for order, _, _ in specs}), meta['vocab_size'])
   prompt = encode_prompt(tokenizer, FLAGS.prompt)
   eval_windows = evaluation.gather(np.arange(len(evaluation)))
-  print(f'Tiny Shakespeare: {len(train.tokens):,} train / {len(evaluation.tokens):,} validation '
-        f'characters, V = {meta["vocab_size"]}, {len(evaluation)} evaluation windows of '
-        f'{FLAGS.window}', flush=True)
+  about = (f'Tiny Shakespeare: {len(train.tokens):,} train / {len(evaluation.tokens):,} '
+           f'validation characters, V = {meta["vocab_size"]}, {len(evaluation)} evaluation '
+           f'windows of {FLAGS.window}')
+  print(about, flush=True)
+  heading = settings_heading(window=FLAGS.window, orders=FLAGS.orders, smoothings=FLAGS.smoothing,
+                             add_ks=FLAGS.add_k, kn_discount=FLAGS.kn_discount,
+                             prompt=FLAGS.prompt, sample_length=FLAGS.sample_length,
+                             seed=FLAGS.seed)
 
   header = ('| n | smoothing | validation perplexity | bits/char | fit time (s) |\n'
             '|---|---|---|---|---|\n')
@@ -165,14 +217,16 @@ def main(argv):
                 f'{summary[f"bits_per_{unit}"]:.4f} | {fit_seconds:.2f} |\n')
     print(rows[-1], end='', flush=True)
     drawn = model.sample(prompt, FLAGS.sample_length, np.random.default_rng(FLAGS.seed))
-    samples.append(f'## n = {order}, {label}\n\n{FLAGS.prompt}{tokenizer.decode(drawn.tolist())}\n\n')
+    samples.append(f'### n = {order}, {label}\n\n'
+                   f'{FLAGS.prompt}{tokenizer.decode(drawn.tolist())}\n')
 
   os.makedirs(FLAGS.workdir, exist_ok=True)
-  with open(os.path.join(FLAGS.workdir, 'results.md'), 'w', encoding='utf-8') as f:
-    f.write(header + ''.join(rows))
-  with open(os.path.join(FLAGS.workdir, 'samples.txt'), 'w', encoding='utf-8') as f:
-    f.write(''.join(samples))
-  print(f'Wrote results.md and samples.txt to {FLAGS.workdir} in {time.perf_counter() - start:.1f} s.')
+  append_section(os.path.join(FLAGS.workdir, RESULTS_FILE),
+                 f'{heading}\n\n{about}.\n\n{header}{"".join(rows)}')
+  append_section(os.path.join(FLAGS.workdir, SAMPLES_FILE),
+                 f'{heading}\n\n' + '\n'.join(samples))
+  print(f'Appended the table to {RESULTS_FILE} and the samples to {SAMPLES_FILE} in '
+        f'{FLAGS.workdir} under {heading[3:]}, in {time.perf_counter() - start:.1f} s.')
 
 
 if __name__ == '__main__':

@@ -1,4 +1,5 @@
-"""experiments/ngram.py turns its flags into the models it fits, refusing bad ones by name."""
+"""experiments/ngram.py turns its flags into the models it fits, refusing bad ones by name, and
+appends each run's table and samples under a heading naming its settings."""
 
 import os
 import subprocess
@@ -84,6 +85,16 @@ def test_a_refused_run_keeps_the_earlier_results(tmp_path, flag, message):
   assert not (tmp_path / 'data').exists()  # refused before the data was read
 
 
+def _two_speakers(tmp_path):
+  """A folder holding an input.txt of 29 characters (29^12 < 2^62 <= 29^13)."""
+  source = tmp_path / 'source'
+  source.mkdir()
+  (source / 'input.txt').write_text(''.join(
+      f'{a}:\nWhat say you, {b}? I say the night is young.\n\n'
+      for a, b in [('ROMEO', 'Juliet'), ('JULIET', 'Romeo')]) * 40, encoding='utf-8')
+  return source
+
+
 @pytest.mark.parametrize('flag, message', [
     ('--prompt=ROMEO@', "--prompt='ROMEO@' cannot be encoded: character '@' at position 5"),
     ('--orders=2,13', '--orders has 13, too high for the 29 tokens of the vocabulary'),
@@ -92,11 +103,7 @@ def test_what_the_vocabulary_refuses_stops_before_any_model_is_fitted(tmp_path, 
   # 29 characters (29^12 < 2^62 <= 29^13): read from a tiny corpus, the only flags the data
   # must be read for. The order was refused by the model after order 2 was fitted, and both
   # were tracebacks.
-  source = tmp_path / 'source'
-  source.mkdir()
-  (source / 'input.txt').write_text(''.join(
-      f'{a}:\nWhat say you, {b}? I say the night is young.\n\n'
-      for a, b in [('ROMEO', 'Juliet'), ('JULIET', 'Romeo')]) * 40, encoding='utf-8')
+  source = _two_speakers(tmp_path)
   workdir = tmp_path / 'run'
   workdir.mkdir()
   (workdir / 'results.md').write_text('an earlier table\n')
@@ -109,6 +116,54 @@ def test_what_the_vocabulary_refuses_stops_before_any_model_is_fitted(tmp_path, 
   assert_one_sentence(result.stderr.strip().splitlines()[-1], message)
   assert '| n |' not in result.stdout  # no model fitted
   assert (workdir / 'results.md').read_text() == 'an earlier table\n'
+
+
+def test_a_rerun_with_other_settings_appends_its_table_and_samples_under_its_own_heading(
+    tmp_path):
+  # Each run wrote results.md and samples.txt over the earlier run's.
+  source = _two_speakers(tmp_path)
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  earlier_table = '| n | smoothing |\n|---|---|\n| 1 | earlier |'  # its last line left unended
+  (workdir / 'results.md').write_text(earlier_table, encoding='utf-8')
+  (workdir / 'samples.txt').write_text('an earlier sample\n', encoding='utf-8')
+
+  def run(*flags):
+    """(the data line and the table printed, results.md, samples.txt) after the run."""
+    result = subprocess.run(
+        [sys.executable, '-m', 'experiments.ngram', f'--workdir={workdir}',
+         f'--tiny_shakespeare_dir={source}', f'--data_dir={tmp_path / "data"}', *flags],
+        cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True,
+        text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    table = ''.join(f'{line}\n' for line in lines if line.startswith('|'))
+    return (lines[0], table, (workdir / 'results.md').read_text(encoding='utf-8'),
+            (workdir / 'samples.txt').read_text(encoding='utf-8'))
+
+  about, table, results, samples = run('--orders=1,2', '--add_k=1', '--sample_length=20')
+  heading = ("## `--window=256 --orders=1,2 --smoothing=kneser_ney,add_k --add_k=1 "
+             "--kn_discount=0.75 --prompt='ROMEO:' --sample_length=20 --seed=0`")
+  assert about.startswith('Tiny Shakespeare: ') and table.count('\n') == 2 + 4
+  assert results == f'{earlier_table}\n\n{heading}\n\n{about}.\n\n{table}'
+  assert samples.startswith(f'an earlier sample\n\n{heading}\n\n### n = 1, Kneser–Ney, '
+                            'D = 0.75\n\nROMEO:')
+
+  about_2, table_2, results_2, samples_2 = run('--orders=1', '--smoothing=add_k',
+                                               '--add_k=0.5', '--seed=3', '--sample_length=10')
+  heading_2 = ("## `--window=256 --orders=1 --smoothing=add_k --add_k=0.5 --prompt='ROMEO:' "
+               "--sample_length=10 --seed=3`")
+  assert table_2.count('\n') == 2 + 1 and '| 1 | add-k, k = 0.5 | ' in table_2
+  assert results_2 == f'{results}\n{heading_2}\n\n{about_2}.\n\n{table_2}'
+  # Every sample under its model's heading, each run's under the run's; the second run's
+  # one sample is the prompt and 10 characters.
+  assert samples_2.startswith(samples)
+  assert [line for line in samples_2.splitlines() if line.startswith('#')] == [
+      heading, '### n = 1, Kneser–Ney, D = 0.75', '### n = 1, add-k, k = 1',
+      '### n = 2, Kneser–Ney, D = 0.75', '### n = 2, add-k, k = 1',
+      heading_2, '### n = 1, add-k, k = 0.5']
+  last = samples_2.split('### n = 1, add-k, k = 0.5\n\n')[-1]
+  assert last.startswith('ROMEO:') and len(last) == len('ROMEO:') + 10 + 1 and last[-1] == '\n'
 
 
 def test_a_workdir_that_is_a_file_is_refused_before_the_data_is_read(tmp_path):
@@ -126,6 +181,27 @@ def test_a_workdir_that_is_a_file_is_refused_before_the_data_is_read(tmp_path):
   assert result.returncode == 1 and result.stdout == '', result.stderr[-2000:]
   assert result.stderr == (f"error: The work directory '{workdir}' is not writable "
                            f"('{workdir}' is a file).\n")
+  assert not (tmp_path / 'data').exists()
+
+
+@pytest.mark.parametrize('folder, other, role', [
+    ('results.md', 'samples.txt', 'the table is appended to'),
+    ('samples.txt', 'results.md', 'the samples are appended to'),
+])
+def test_a_results_file_that_is_a_folder_is_refused_before_the_data_is_read(tmp_path, folder,
+                                                                            other, role):
+  # It was an IsADirectoryError traceback once every model was fitted.
+  workdir = tmp_path / 'run'
+  (workdir / folder).mkdir(parents=True)
+  (workdir / other).write_text(f'an earlier {other}\n')
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.ngram', f'--workdir={workdir}', '--orders=1',
+       f'--data_dir={tmp_path / "data"}'],
+      cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+      timeout=120)
+  assert result.returncode == 1 and result.stdout == '', result.stderr[-2000:]
+  assert result.stderr == f"error: '{workdir / folder}', the file {role}, is a folder.\n"
+  assert (workdir / other).read_text() == f'an earlier {other}\n'
   assert not (tmp_path / 'data').exists()
 
 
