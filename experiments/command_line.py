@@ -13,6 +13,7 @@ import difflib
 import glob
 import importlib.machinery
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -219,6 +220,19 @@ def record_file(folder: str, name: str, role: str) -> str:
   if os.path.isdir(path):
     raise ValueError(f'{path!r}, the file {role}, is a folder.')
   return path
+
+
+def append_record(path: str, record: dict) -> None:
+  """Appends `record` to the JSON-lines file at `path` (made if missing) as one line, keys
+  sorted. A last line left unended (a run stopped while writing it) is ended first, so the
+  record starts a line of its own and every earlier line stays as it was."""
+  with open(path, 'a+b') as f:
+    f.seek(0, os.SEEK_END)
+    unended = False
+    if f.tell():
+      f.seek(-1, os.SEEK_END)
+      unended = f.read(1) != b'\n'
+    f.write((('\n' if unended else '') + json.dumps(record, sort_keys=True) + '\n').encode('utf-8'))
 
 
 def work_directory(path: str) -> str:

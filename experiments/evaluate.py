@@ -18,7 +18,6 @@ else in the work directory changes.
 
 import ast
 import functools
-import json
 import os
 import sys
 from typing import Sequence
@@ -151,8 +150,7 @@ def run(workdir: str | None, *, window: int | None = None, batch_size: int | Non
   changed = ''.join(f', {key}={value!r}' for key, value in record.get('overrides', {}).items())
   print(f'step {record["step"]}, window {record["window"]}{changed}: '
         + ' '.join(f'{k}={v:.4f}' for k, v in sorted(record['metrics'].items())))
-  with open(os.path.join(os.path.abspath(workdir), OUTPUT_FILE), 'a', encoding='utf-8') as f:
-    f.write(json.dumps(record, sort_keys=True) + '\n')
+  command_line.append_record(os.path.join(os.path.abspath(workdir), OUTPUT_FILE), record)
   return record
 
 

@@ -30,7 +30,6 @@ naive baselines and draws one forecast.
 """
 
 import functools
-import json
 import os
 import sys
 
@@ -199,9 +198,9 @@ def plot(record: dict, output: str, title: str = '') -> None:
 
 def write_record(workdir: str, record: dict) -> str:
   """Appends `record` as one line to `<workdir>/forecast_test.jsonl`; returns the path."""
+  from experiments import command_line  # pylint: disable=g-import-not-at-top
   path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
-  with open(path, 'a', encoding='utf-8') as f:
-    f.write(json.dumps(record, sort_keys=True) + '\n')
+  command_line.append_record(path, record)
   return path
 
 

@@ -458,8 +458,7 @@ def measure(*, classifier: str, workdir: str | None, sampler: str, steps: int, n
                    num_samples=num_samples, batch_size=batch_size, binarize=binarize,
                    cold_noise=cold_noise)
   _save_grid(images[:GRID_SAMPLES], os.path.join(out_dir, 'samples', f'{name}.png'))
-  with open(os.path.join(out_dir, OUTPUT_FILE), 'a', encoding='utf-8') as f:
-    f.write(json.dumps(row, sort_keys=True) + '\n')
+  command_line.append_record(os.path.join(out_dir, OUTPUT_FILE), row)
   return row
 
 

@@ -40,7 +40,6 @@ the test points and the learned model's PC, ODE and annealed-Langevin samples si
 """
 
 import functools
-import json
 import math
 import os
 import sys
@@ -419,8 +418,7 @@ def run(workdir: str | None, *, num_samples: int = 2000, seed: int = 0,
         f'{num_samples} samples, seed {seed}')
   print(format_table(result))
   path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
-  with open(path, 'a', encoding='utf-8') as f:
-    f.write(json.dumps(result, sort_keys=True) + '\n')
+  command_line.append_record(path, result)
   print(f'appended to {path}')
   if figure:
     plot(loaded['test_points'], samples, figure,

@@ -15,7 +15,6 @@ checkpoints keep their running averages.
 """
 
 import functools
-import json
 import os
 import sys
 
@@ -97,9 +96,9 @@ def recompute(workdir: str, *, examples: int | None = None, max_passes: int | No
 def write_record(workdir: str, record: dict) -> str:
   """Appends `record` as one line to `<workdir>/batch_stats_recomputed.jsonl`; returns the
   path."""
+  from experiments import command_line  # pylint: disable=g-import-not-at-top
   path = os.path.join(os.path.abspath(workdir), OUTPUT_FILE)
-  with open(path, 'a', encoding='utf-8') as f:
-    f.write(json.dumps(record, sort_keys=True) + '\n')
+  command_line.append_record(path, record)
   return path
 
 

@@ -1,6 +1,7 @@
 """Shared checks of the scripts' flags (experiments/command_line.py): each refusal is one
 sentence naming the flag and its value, given before the script does any work."""
 
+import json
 import os
 import subprocess
 import sys
@@ -59,6 +60,23 @@ def test_a_figure_must_end_in_a_format_matplotlib_writes(tmp_path, name):
                          error=app.UsageError)
   formats = message.split('figure format: ')[1].rstrip('.').split(', ')
   assert {'.png', '.pdf', '.svg'} <= set(formats) and '.pngg' not in formats and '.txt' not in formats
+
+
+def test_records_are_appended_one_per_line_after_an_unended_last_line(tmp_path):
+  path = str(tmp_path / 'records.jsonl')
+  command_line.append_record(path, {'step': 2, 'loss': 0.5})
+  assert open(path, encoding='utf-8').read() == '{"loss": 0.5, "step": 2}\n'
+  # A run stopped while writing its line left it unended: the next record gets a line of its
+  # own, and the bytes already there are kept.
+  with open(path, 'a', encoding='utf-8') as f:
+    f.write('{"loss": 0.4, "st')
+  before = open(path, 'rb').read()
+  command_line.append_record(path, {'step': 4, 'name': 'ü'})
+  after = open(path, 'rb').read()
+  assert after.startswith(before)
+  lines = after.decode('utf-8').split('\n')
+  assert lines[1:] == ['{"loss": 0.4, "st', lines[2], '']
+  assert json.loads(lines[2]) == {'step': 4, 'name': 'ü'}
 
 
 def test_boolean_options_the_config_leaves_out_are_added_as_absl_reads_them():
