@@ -980,14 +980,21 @@ def test_records_set_aside_twice_keep_both(workdir):
       assert json.load(f)['attempt'] == attempt
 
 
-def test_a_damaged_checkpoint_that_cannot_be_moved_is_one_sentence(workdir, monkeypatch):
-  _truncate_array_data(_step_dir(workdir, 3))
+def _refuse_renames_across_devices(monkeypatch, refused):
+  """os.rename fails with EXDEV (as across file systems) where `refused(source, target)`."""
   rename = os.rename
+
   def refuse(source, target):
-    if 'checkpoints_set_aside' in str(target):
+    if refused(str(source), str(target)):
       raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
     return rename(source, target)
   monkeypatch.setattr(os, 'rename', refuse)
+
+
+def test_a_damaged_checkpoint_that_cannot_be_moved_is_one_sentence(workdir, monkeypatch):
+  _truncate_array_data(_step_dir(workdir, 3))
+  _refuse_renames_across_devices(
+      monkeypatch, lambda source, target: 'checkpoints_set_aside' in target)
   ckpt = _checkpointer(workdir)
   one_sentence(lambda: ckpt.restore_latest(_abstract(_make_state(0))),
                f"The damaged checkpoint '{_step_dir(workdir, 3)}' could not be moved to "
@@ -1018,12 +1025,8 @@ def test_records_that_cannot_be_moved_are_one_sentence(workdir, monkeypatch):
     f.write('{"step": 1, "split": "train"}\n')
   for step in _STEPS:
     _truncate_array_data(_step_dir(workdir, step))
-  rename = os.rename
-  def refuse(source, target):
-    if str(source).endswith('metrics.jsonl'):
-      raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
-    return rename(source, target)
-  monkeypatch.setattr(os, 'rename', refuse)
+  _refuse_renames_across_devices(
+      monkeypatch, lambda source, target: source.endswith('metrics.jsonl'))
   ckpt = _checkpointer(workdir)
   one_sentence(lambda: ckpt.restore_latest(_abstract(_make_state(0))),
                f"The records of the run in '{workdir}' could not be moved to "
