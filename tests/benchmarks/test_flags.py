@@ -19,6 +19,8 @@ _DIGITS = 'experiments/configs/digits_mlp.py'
     ('train_step.py', [f'--config={_DIGITS}', '--pipeline_batches=0']),
     ('profile_step.py', [f'--config={_DIGITS}', '--steps=0']),
     ('profile_step.py', [f'--config={_DIGITS}', '--top=0']),
+    ('free_parts.py', [f'--config={_GPT}', '--steps=0']),
+    ('free_parts.py', [f'--config={_GPT}', '--rounds=0']),
     ('generation.py', [f'--config={_GPT}', '--repeats=0']),
     ('attention_scaling.py', ['--repeats=0']),
     ('attention_scaling.py', ['--width=0']),
@@ -51,7 +53,8 @@ def _refused(script, args, env=None, **kwargs):
   return lines[-1], result.stdout
 
 
-@pytest.mark.parametrize('script', ['train_step.py', 'profile_step.py', 'generation.py'])
+@pytest.mark.parametrize('script', ['train_step.py', 'profile_step.py', 'generation.py',
+                                    'free_parts.py'])
 def test_a_missing_config_file_is_one_sentence_when_the_flags_are_parsed(script):
   # config_flags' own parser raised an IOError traceback at the config's first use (in
   # train_step, after the matmul peak had been timed).
@@ -61,7 +64,8 @@ def test_a_missing_config_file_is_one_sentence_when_the_flags_are_parsed(script)
   assert stdout == ''  # not even XLA_FLAGS: refused while parsing
 
 
-@pytest.mark.parametrize('script', ['train_step.py', 'profile_step.py', 'generation.py'])
+@pytest.mark.parametrize('script', ['train_step.py', 'profile_step.py', 'generation.py',
+                                    'free_parts.py'])
 def test_a_config_key_the_config_lacks_is_one_sentence_naming_the_models_options(script):
   # It was a traceback from config_flags.
   line, stdout = _refused(script, [f'--config={_GPT}', '--config.model.widht=3'])
@@ -80,7 +84,8 @@ def test_a_model_option_the_config_leaves_out_is_accepted_and_a_missing_config_r
   assert line.startswith('error: --config is missing; give the experiment config file')
 
 
-@pytest.mark.parametrize('script', ['train_step.py', 'profile_step.py', 'generation.py'])
+@pytest.mark.parametrize('script', ['train_step.py', 'profile_step.py', 'generation.py',
+                                    'free_parts.py'])
 def test_a_config_the_run_setup_refuses_is_its_one_sentence_before_anything_is_measured(
     script, tmp_path):
   # Each was a traceback of loop.setup's ValueError or FileNotFoundError (in train_step after
@@ -93,6 +98,29 @@ def test_a_config_the_run_setup_refuses_is_its_one_sentence_before_anything_is_m
                           env={'TINY_SHAKESPEARE_DIR': str(tmp_path / 'empty')})
   assert_one_sentence(line, "error: Data set 'tiny_shakespeare': the folder "
                       f'{tmp_path}/empty given by $TINY_SHAKESPEARE_DIR lacks input.txt')
+  assert 'matmul peak' not in stdout
+
+
+@pytest.mark.parametrize('config, args, message', [
+    (_GPT, ['--parts=attention+softmax'], "--parts has 'softmax' in 'attention+softmax', which is "
+                                          'not a part; allowed: attention, gelu, layernorm'),
+    (_GPT, ['--parts=gelu+gelu'], "--parts variant 'gelu+gelu' names a part twice."),
+    (_DIGITS, [], "--config trains model 'mlp'; free_parts replaces parts of the Transformers"),
+    (_GPT, ['--parts=gelu,attention+gelu,gelu+attention'],
+     '--parts=gelu,attention+gelu,gelu+attention names one variant twice.'),
+    (_GPT, ['--config.model.attention=linear'], "--parts frees attention, which replaces the "
+                                                "exact attention only, and the config's is "
+                                                "'linear'"),
+    ('experiments/configs/dates_transformer.py', ['--parts=gelu,attention+gelu'],
+     "--parts frees attention, which transformer_seq2seq's cross-attention cannot lose"),
+])
+def test_free_parts_refuses_unknown_parts_and_models_before_timing_anything(
+    config, args, message):
+  # A model that is no Transformer, or a Transformer whose attention is not the exact kind,
+  # would have been timed as it is against copies that freed nothing; the encoder-decoder's
+  # cross-attention failed in the model after the step as it is had been timed.
+  line, stdout = _refused('free_parts.py', [f'--config={config}', *args])
+  assert_one_sentence(line, message)
   assert 'matmul peak' not in stdout
 
 
