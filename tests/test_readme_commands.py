@@ -40,9 +40,22 @@ def script_and_arguments(command: str) -> tuple[str, str]:
   return path, match.group(3)
 
 
+_DEFINED = r"DEFINE_\w+\(\s*['\"](\w+)['\"]"
+
+
 def defined_flags(path: str) -> set[str]:
+  """The flags `path` defines, and those that the project's modules it imports define when
+  imported, at their top level (benchmarks/free_parts.py takes train_step.py's --config and
+  --steps; a flag a module defines inside a function is defined only if that runs)."""
   with open(os.path.join(REPO_ROOT, path)) as f:
-    return set(re.findall(r"DEFINE_\w+\(\s*['\"](\w+)['\"]", f.read())) | ABSL_FLAGS
+    text = f.read()
+  names = set(re.findall(_DEFINED, text)) | ABSL_FLAGS
+  for package, module in re.findall(r'^from (benchmarks|experiments) import (\w+)$', text, re.M):
+    imported = os.path.join(REPO_ROOT, package, f'{module}.py')
+    if os.path.exists(imported):
+      with open(imported) as f:
+        names |= set(re.findall(r'^\S[^\n]*' + _DEFINED, f.read(), re.M))
+  return names
 
 
 def load_config(path: str):
