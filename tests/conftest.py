@@ -2,7 +2,7 @@ import os
 import shutil
 import tempfile
 
-from tests.subprocess_util import FAST_COMPILE_FLAGS  # pylint: disable=g-import-not-at-top
+from tests.subprocess_util import FAST_COMPILE_FLAGS
 
 # Tests run on the CPU; multi-device tests start their own processes.
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
