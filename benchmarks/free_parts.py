@@ -23,8 +23,9 @@ the variant's, the median over the rounds). The parts (join several with '+'):
 
 The replacements apply only while a variant is built and traced (`freed`); the model code
 is not changed. A variant trains a different function, so its loss means nothing: only its
-time does. The other flags are `benchmarks/train_step.py`'s (its `--products_alone` is off
-unless given).
+time does. `--config`, `--steps` and `--pipeline_batches` are `benchmarks/train_step.py`'s;
+its `--dtypes`, `--sweep`, `--products_alone` and `--products_by_kind`, which this script
+would not use, are refused (set the compute dtype by `--config.model.dtype`).
 """
 
 import contextlib
@@ -55,6 +56,8 @@ from train import xla_cpu
 PARTS = ('attention', 'gelu', 'layernorm')
 TRANSFORMERS = ('gpt', 'bert', 'vit', 'transformer_seq2seq')
 _LAYER_NORM_USERS = (blocks, gpt, bert, vit, encoder_decoder)
+# train_step.py's flags that this script's measurements do not read.
+IGNORED_FLAGS = ('dtypes', 'sweep', 'products_alone', 'products_by_kind')
 
 _PARTS = flags.DEFINE_list('parts', ['attention', 'gelu', 'layernorm', 'attention+gelu+layernorm'],
                            'Variants to time against the step as it is: parts of '
@@ -124,8 +127,12 @@ def main(argv):
   xla_cpu.keep_convolutions_off_ynnpack()
   print(f'XLA_FLAGS: {os.environ["XLA_FLAGS"]}')
   logging.set_verbosity(logging.WARNING)
-  if not flags.FLAGS['products_alone'].present:
-    flags.FLAGS.products_alone = False
+  unused = [f'--{name}' for name in IGNORED_FLAGS if flags.FLAGS[name].present]
+  if unused:
+    raise app.UsageError(f'free_parts does not use {", ".join(unused)} of '
+                         'benchmarks/train_step.py; leave them out (set the compute dtype by '
+                         '--config.model.dtype).')
+  flags.FLAGS.products_alone = False  # measure_step would time them, and nothing prints them
   config = flags.FLAGS.config
   try:
     variants = [()] + [parse_variant(v) for v in _PARTS.value]

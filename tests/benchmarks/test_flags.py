@@ -113,12 +113,16 @@ def test_a_config_the_run_setup_refuses_is_its_one_sentence_before_anything_is_m
                                                 "'linear'"),
     ('experiments/configs/dates_transformer.py', ['--parts=gelu,attention+gelu'],
      "--parts frees attention, which transformer_seq2seq's cross-attention cannot lose"),
+    (_GPT, ['--dtypes=bfloat16', '--products_by_kind'],
+     'free_parts does not use --dtypes, --products_by_kind of benchmarks/train_step.py'),
+    (_GPT, ['--noproducts_alone'], 'free_parts does not use --products_alone of '),
 ])
 def test_free_parts_refuses_unknown_parts_and_models_before_timing_anything(
     config, args, message):
   # A model that is no Transformer, or a Transformer whose attention is not the exact kind,
   # would have been timed as it is against copies that freed nothing; the encoder-decoder's
-  # cross-attention failed in the model after the step as it is had been timed.
+  # cross-attention failed in the model after the step as it is had been timed; train_step's
+  # --dtypes and --sweep were accepted and ignored (the config's dtype was timed).
   line, stdout = _refused('free_parts.py', [f'--config={config}', *args])
   assert_one_sentence(line, message)
   assert 'matmul peak' not in stdout
