@@ -437,6 +437,11 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *,
   ema_decay = config.get('ema_decay', 0.0)
   if not 0 <= ema_decay < 1:
     raise ValueError(f'config.ema_decay must lie in [0, 1) (0 keeps no average), got {ema_decay!r}.')
+  threads = config.get('data', {}).get('num_threads')
+  if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                              or threads < 0):
+    raise ValueError(f'config.data.num_threads must be a non-negative integer (0 reads in the '
+                     f'training thread) or None (chosen by the data source), got {threads!r}.')
   profile_steps = tuple(config.get('profile_steps') or ())
   if profile_steps and not (len(profile_steps) == 2 and 0 <= profile_steps[0] < profile_steps[1]):
     raise ValueError(f'config.profile_steps must be (first, end) with 0 <= first < end, or (), '

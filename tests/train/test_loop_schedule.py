@@ -384,6 +384,16 @@ def test_a_seed_average_or_profile_window_out_of_range_is_refused(tmp_path, key,
   assert not workdir.exists()
 
 
+def test_a_negative_reader_thread_count_is_refused_before_anything_is_written(tmp_path):
+  config = digits_mlp.get_config()
+  config.data.num_threads = -1
+  workdir = tmp_path / 'w'
+  assert one_sentence(lambda: loop.setup(config, str(workdir))) == (
+      'config.data.num_threads must be a non-negative integer (0 reads in the training thread) '
+      'or None (chosen by the data source), got -1.')
+  assert not workdir.exists()
+
+
 def test_a_file_where_the_work_directory_goes_is_named(tmp_path):
   blocker = tmp_path / 'a_file'
   blocker.write_text('not a directory')
