@@ -96,6 +96,18 @@ def test_target_names_spell_the_label():
     task.preprocess({'image': np.zeros((1, 2, 2)), 'label': np.array([2])})
 
 
+def test_target_names_of_another_class_count_are_refused_when_the_task_is_built():
+  # Nine names for ten classes used to train until a batch first held the label 9.
+  meta = {'features': ('image', 'label'), 'num_classes': 10}
+  options = dict(source_key='image', source_length_key='', target_key='label',
+                 target_length_key='', max_target_length=5)
+  with pytest.raises(ValueError) as info:
+    tasks.build('seq2seq', meta, target_names=tuple('abcdefghi'), **options)
+  assert str(info.value) == ("task.target_names has 9 names, but the data set's 'label' has 10 "
+                             'classes: give one name per class.')
+  assert tasks.build('seq2seq', meta, target_names=tuple('abcdefghij'), **options).target_names
+
+
 class _CopyInput(nn.Module):
   """Position t predicts the decoder input it reads at t (the source is ignored)."""
 

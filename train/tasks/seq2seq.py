@@ -81,6 +81,10 @@ class Seq2Seq(base.Task):
       if not name or len(name) > self.max_target_length or not _is_ascii_text(name.encode()):
         raise ValueError(f'task.target_names entry {name!r} must be 1 to max_target_length='
                          f'{self.max_target_length} printable ASCII characters.')
+    classes = self.meta.get('num_classes') if self.target_key == 'label' else None
+    if names and classes and len(names) != classes:
+      raise ValueError(f'task.target_names has {len(names)} names, but the data set\'s '
+                       f'{self.target_key!r} has {classes} classes: give one name per class.')
     object.__setattr__(self, 'target_names', names)
 
   def preprocess(self, records):
