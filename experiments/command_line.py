@@ -194,14 +194,9 @@ def output_file(path: str, flag: str, *, figure: bool = True) -> str:
   must end in a format matplotlib writes."""
   if os.path.isdir(path):
     raise app.UsageError(f'--{flag}={path} is a folder; give the file to write in it.')
-  existing = os.path.dirname(os.path.abspath(path))
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    raise app.UsageError(f'--{flag}={path} cannot be written: {existing} is a file, not a folder.')
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise app.UsageError(f'--{flag}={path} cannot be written: permission denied on the folder '
-                         f'{existing}.')
+  why = unwritable(path)
+  if why:
+    raise app.UsageError(f'--{flag}={path} cannot be written: {why}.')
   if figure:
     import matplotlib.figure  # pylint: disable=g-import-not-at-top
     formats = sorted(matplotlib.figure.Figure().canvas.get_supported_filetypes())
@@ -214,12 +209,33 @@ def output_file(path: str, flag: str, *, figure: bool = True) -> str:
 
 def record_file(folder: str, name: str, role: str) -> str:
   """The absolute path of the file `name` in `folder` that a script `role`s (e.g. 'appends
-  its record to'), checked before any work is done: a folder there is a ValueError in one
-  sentence, found before the work rather than after it."""
+  its record to'), checked before any work is done: a folder there, or a file or folder that
+  cannot be written (`unwritable`), is a ValueError in one sentence, found before the work
+  rather than after it."""
   path = os.path.join(os.path.abspath(folder), name)
   if os.path.isdir(path):
     raise ValueError(f'{path!r}, the file {role}, is a folder.')
+  why = unwritable(path)
+  if why:
+    raise ValueError(f'{path!r}, the file {role}, cannot be written: {why}.')
   return path
+
+
+def unwritable(path: str) -> str | None:
+  """Why the file `path` (not a folder) cannot be written, or None if it can: a file there
+  must be writable, and the nearest of its folders that exists must be a writable folder (the
+  missing ones are made when the file is written)."""
+  path = os.path.abspath(path)
+  if os.path.exists(path) and not os.access(path, os.W_OK):
+    return f'permission denied on the file {path}'
+  existing = os.path.dirname(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    return f'{existing} is a file, not a folder'
+  if not os.access(existing, os.W_OK | os.X_OK):
+    return f'permission denied on the folder {existing}'
+  return None
 
 
 def append_record(path: str, record: dict) -> None:

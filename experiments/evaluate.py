@@ -59,26 +59,6 @@ def apply_overrides(config, overrides: Sequence[str]) -> dict:
   return applied
 
 
-def _mismatch(saved: dict, abstract_variables: tuple) -> str | None:
-  """Where the checkpoint's parameters and model state (`saved`) and the model's
-  (`abstract_variables`: params, model state) first differ, parameters first: a leaf only one
-  of them has, or one of another shape or dtype; None if they agree."""
-  from train import checkpoint  # pylint: disable=g-import-not-at-top
-  params, model_state = abstract_variables
-  # pylint: disable=protected-access
-  there = checkpoint._shapes({'params': saved['params'], **(saved.get('model_state') or {})})
-  here = checkpoint._shapes({'params': params, **model_state})
-  for name in sorted(set(there) | set(here), key=lambda n: (not n.startswith('params'), n)):
-    if name not in here:
-      return f'the model has no {name} ({checkpoint._describe(there[name])} in the checkpoint)'
-    if name not in there:
-      return f'the checkpoint has no {name} ({checkpoint._describe(here[name])} in the model)'
-    if there[name] != here[name]:
-      return (f'{name} is {checkpoint._describe(there[name])} in the checkpoint but '
-              f'{checkpoint._describe(here[name])} in the model')
-  return None
-
-
 def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None = None,
              overrides: Sequence[str] = ()) -> dict:
   """{'step', 'window', 'metrics'} (and the applied 'overrides') of the run in `workdir`; bad
@@ -116,7 +96,7 @@ def evaluate(workdir: str, *, window: int | None = None, batch_size: int | None 
   abstract = loop._prove(  # pylint: disable=protected-access
       'initialising the model', lambda: jax.eval_shape(init, jax.ShapeDtypeStruct((2,), np.uint32)))
   saved = checkpoint.restore_arrays(workdir)
-  mismatch = _mismatch(saved, abstract)
+  mismatch = checkpoint.variables_mismatch(saved, abstract)
   if mismatch:
     changes = ' and '.join(f'--set={key}={value!r}' for key, value in applied.items())
     raise ValueError(f'The checkpoint of {workdir!r} does not fit the model '

@@ -33,7 +33,9 @@ flags.mark_flags_as_required(['workdir'])
 def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, top_k: int,
            top_p: float, num_samples: int, seed: int) -> tuple[list[str], int]:
   """(samples, checkpoint step) of the run in `workdir`; one-sentence errors for bad inputs."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
   from data import text, tokenizers
   from models import registry
   from train import checkpoint, loop, sampling
@@ -68,6 +70,14 @@ def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, to
   options = config.model.to_dict()
   model = registry.build(options.pop('name'), None, {'vocab_size': tokenizer.vocab_size}, **options)
   state = checkpoint.restore_arrays(workdir)
+  # The model the tokenizer sizes, as shapes only: a tokenizer.json of another run (or
+  # vocabulary) is one sentence here, not a shape error while the sampler is traced.
+  params = nn.unbox(jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32), train=False)['params']))
+  mismatch = checkpoint.variables_mismatch({'params': state['params']}, (params, {}))
+  if mismatch:
+    raise ValueError(f'The checkpoint of {workdir!r} does not fit its model with the '
+                     f'{tokenizer.vocab_size} tokens of {tokenizer_path!r}: {mismatch}.')
   variables = checkpoint.eval_variables(state)
   samples = sampling.generate_text(model, variables, tokenizer, prompt, jax.random.PRNGKey(seed),
                                    num_samples=num_samples, num_new_tokens=num_tokens,
@@ -91,6 +101,12 @@ def main(argv):
   if _OUTPUT.value:
     command_line.output_file(_OUTPUT.value, 'output', figure=False)
   try:
+    if not _OUTPUT.value and os.path.isdir(_WORKDIR.value):  # else sample() says what it is
+      samples_folder = os.path.join(os.path.abspath(_WORKDIR.value), 'samples')
+      why = command_line.unwritable(os.path.join(samples_folder, 'sample.txt'))
+      if why:
+        raise ValueError(f'The samples cannot be written to {samples_folder!r}: {why} (or give '
+                         '--output).')
     samples, step = sample(_WORKDIR.value, _PROMPT.value, num_tokens=_NUM_TOKENS.value,
                            temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
                            num_samples=_NUM_SAMPLES.value, seed=_SEED.value)

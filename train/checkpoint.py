@@ -523,6 +523,24 @@ def _digest_mismatch(state, data_state, digest) -> str | None:
 
 # Reading without a Checkpointer ---------------------------------------------
 
+def variables_mismatch(saved: dict, abstract_variables: tuple) -> str | None:
+  """Where the checkpoint's parameters and model state (`saved`) and the model's
+  (`abstract_variables`: params, model state) first differ, parameters first: a leaf only one
+  of them has, or one of another shape or dtype; None if they agree."""
+  params, model_state = abstract_variables
+  there = _shapes({'params': saved['params'], **(saved.get('model_state') or {})})
+  here = _shapes({'params': params, **model_state})
+  for name in sorted(set(there) | set(here), key=lambda n: (not n.startswith('params'), n)):
+    if name not in here:
+      return f'the model has no {name} ({_describe(there[name])} in the checkpoint)'
+    if name not in there:
+      return f'the checkpoint has no {name} ({_describe(here[name])} in the model)'
+    if there[name] != here[name]:
+      return (f'{name} is {_describe(there[name])} in the checkpoint but '
+              f'{_describe(here[name])} in the model')
+  return None
+
+
 def eval_variables(saved: dict) -> dict:
   """The variables the run of `saved` (from `restore_arrays`) evaluates with: the parameter
   EMA when the run kept one, else the parameters, beside the model state (batch statistics)."""

@@ -53,6 +53,24 @@ def test_an_output_file_under_a_folder_that_cannot_be_written_is_refused(tmp_pat
   assert command_line.output_file(str(tmp_path / 'a.png'), 'figure') == str(tmp_path / 'a.png')
 
 
+def test_a_record_file_or_its_folder_that_cannot_be_written_is_refused(tmp_path, monkeypatch):
+  locked, kept = tmp_path / 'locked', tmp_path / 'kept'
+  locked.mkdir()
+  kept.mkdir()
+  (kept / 'r.jsonl').write_text('{}\n')
+  access = os.access  # as root os.access allows everything: the refusals are simulated
+  refused = {str(locked), str(kept / 'r.jsonl')}
+  monkeypatch.setattr(os, 'access', lambda p, mode: str(p) not in refused and access(p, mode))
+  for folder, why in ((locked, f'permission denied on the folder {locked}'),
+                      (locked / 'new', f'permission denied on the folder {locked}'),
+                      (kept, f'permission denied on the file {kept / "r.jsonl"}')):
+    one_sentence(lambda: command_line.record_file(str(folder), 'r.jsonl', 'the row is appended to'),
+                 f"'{folder / 'r.jsonl'}', the file the row is appended to, cannot be written: "
+                 f'{why}.')
+  assert command_line.record_file(str(tmp_path), 'r.jsonl', 'x') == str(tmp_path / 'r.jsonl')
+  assert (kept / 'r.jsonl').read_text() == '{}\n'
+
+
 @pytest.mark.parametrize('name', ['a.pngg', 'a', 'a.txt'])
 def test_a_figure_must_end_in_a_format_matplotlib_writes(tmp_path, name):
   message = one_sentence(lambda: command_line.output_file(str(tmp_path / name), 'output'),

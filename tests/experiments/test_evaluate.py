@@ -122,3 +122,19 @@ def test_a_record_file_that_is_a_folder_is_refused_before_the_evaluation(tmp_pat
     evaluate.run(str(tmp_path))
   assert info.value.code == (f"error: '{tmp_path / evaluate.OUTPUT_FILE}', the file the record "
                              'is appended to, is a folder.')
+
+
+def test_a_record_file_that_cannot_be_written_is_refused_before_the_evaluation(tmp_path,
+                                                                               monkeypatch):
+  # It was a PermissionError traceback after the whole evaluation. As root os.access allows
+  # everything, so the refusal of writes to the record is simulated.
+  record = tmp_path / evaluate.OUTPUT_FILE
+  record.write_text('{"step": 1}\n')
+  access = os.access
+  monkeypatch.setattr(os, 'access', lambda p, mode: str(p) != str(record) and access(p, mode))
+  monkeypatch.setattr(evaluate, 'evaluate', lambda *a, **k: pytest.fail('evaluated'))
+  with pytest.raises(SystemExit) as info:
+    evaluate.run(str(tmp_path))
+  assert info.value.code == (f"error: '{record}', the file the record is appended to, cannot be "
+                             f'written: permission denied on the file {record}.')
+  assert record.read_text() == '{"step": 1}\n'

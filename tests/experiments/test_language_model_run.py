@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from data import tokenizers
 from experiments.configs import shakespeare_char_conv
 from tests.messages import assert_one_sentence
 from tests.subprocess_util import REPO_ROOT
@@ -105,6 +106,32 @@ def test_language_model_trains_evaluates_samples_and_resumes(config, tmp_path):
   assert bad.returncode == 1
   assert bad.stderr.strip().splitlines()[-1].startswith("error: --prompt='JULIET@' cannot be encoded")
 
+  # A samples folder that cannot be written is refused before sampling; nothing is touched.
+  samples_folder = os.path.join(workdir, 'samples')
+  os.rename(samples_folder, samples_folder + '_kept')
+  with open(samples_folder, 'w', encoding='utf-8') as f:
+    f.write('kept')
+  assert _sample_error(*command[3:]) == (
+      f"error: The samples cannot be written to '{samples_folder}': {samples_folder} is a file, "
+      'not a folder (or give --output).')
+  with open(samples_folder, encoding='utf-8') as f:
+    assert f.read() == 'kept'
+  os.remove(samples_folder)
+  os.rename(samples_folder + '_kept', samples_folder)
+
+  # A tokenizer.json of another vocabulary is one sentence, not a shape error while the sampler
+  # is traced (the run's own file is put back afterwards).
+  os.rename(tokenizer_file, tokenizer_file + '.kept')
+  tokenizers.CharTokenizer.from_corpus(_TEXT + '#$%').save(tokenizer_file)
+  wrong = tokenizers.load(tokenizer_file).vocab_size
+  message = _sample_error(*command[3:])
+  os.replace(tokenizer_file + '.kept', tokenizer_file)
+  assert message.startswith(
+      f"error: The checkpoint of '{workdir}' does not fit its model with the {wrong} tokens of "
+      f"'{tokenizer_file}': params/"), message
+  assert f'{vocab}' in message.split(' in the checkpoint but ')[0], message
+  assert f'{wrong}' in message.split(' in the checkpoint but ')[1], message
+
 
 def test_evaluate_reproduces_the_run_and_applies_config_changes(config, tmp_path):
   from experiments import evaluate  # pylint: disable=g-import-not-at-top
@@ -180,7 +207,6 @@ def test_sampling_refuses_a_seed_outside_32_bits(seed, tmp_path):
   # Seed 2**32 drew what seed 0 draws (a key keeps the low 32 bits), -1 what 2**32 - 1 draws,
   # and 2**64 was an OverflowError traceback.
   import jax  # pylint: disable=g-import-not-at-top
-  from data import tokenizers  # pylint: disable=g-import-not-at-top
   assert (jax.random.PRNGKey(2**32) == jax.random.PRNGKey(0)).all()
   (tmp_path / 'config.json').write_text(shakespeare_char_conv.get_config().to_json())
   tokenizers.CharTokenizer(list('\n :ABMOR')).save(str(tmp_path / 'tokenizer.json'))
