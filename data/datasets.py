@@ -60,6 +60,7 @@ import fcntl
 import io
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
@@ -68,6 +69,7 @@ import time
 import urllib.parse
 from collections.abc import Sequence
 
+from google.protobuf import json_format
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.utils import tqdm_utils
 
@@ -154,7 +156,16 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
   # TFDS counts a slice that ends before it starts ('train[5:2]') as negative.
   if builder.info.splits[split].num_examples <= 0:
     raise ValueError(f'Split {split!r} of data set {name!r} holds no examples.')
-  return builder.as_data_source(split=split)
+  try:
+    source = builder.as_data_source(split=split)
+    if len(source):  # a shard cut short is found on reading, the first and last at least
+      source[0], source[len(source) - 1]  # pylint: disable=pointless-statement
+  except (RuntimeError, OSError, ValueError) as e:
+    why = str(e).strip().split('\n')[0].split('; ')[0].rstrip('.')
+    raise ValueError(f"Data set '{name}' in {builder.data_dir} is damaged (split {split!r}: "
+                     f'{why}): remove that folder to prepare it again, or copy it in again.'
+                     ) from None
+  return source
 
 
 def info(name: str, *, data_dir: str | os.PathLike | None = None,
@@ -176,6 +187,9 @@ def make_builder(name: str, *, data_dir: str | os.PathLike | None = None,
   Raises ValueError if the data directory, or the nearest of its parents that
   exists, is not a folder.
   """
+  if not isinstance(name, str) or not name.strip():
+    raise ValueError(f'The data set name must be one of {", ".join(LOCAL_BUILDERS)} or a TFDS '
+                     f"data set name such as 'mnist', got {name!r}.")
   origin = 'data_dir=' if data_dir else f'${DATA_DIR_ENV_VAR}'
   data_dir = data_dir or os.environ.get(DATA_DIR_ENV_VAR) or None
   if data_dir is not None:
@@ -189,12 +203,40 @@ def make_builder(name: str, *, data_dir: str | os.PathLike | None = None,
     if unknown:
       raise OptionError(f"Data set '{name}' takes no option {unknown[0]!r}; its options are: "
                       f'{", ".join(allowed)}.')
-    return LOCAL_BUILDERS[name](data_dir=data_dir, file_format='array_record', **options)
+  try:
+    if name in LOCAL_BUILDERS:  # their own errors are one sentence already
+      return LOCAL_BUILDERS[name](data_dir=data_dir, file_format='array_record', **options)
+  except json_format.ParseError as e:
+    raise _damaged_info(name, data_dir, e) from None
   try:
     return tfds.builder(name, data_dir=data_dir, file_format='array_record', **options)
+  except json_format.ParseError as e:
+    raise _damaged_info(name, data_dir, e) from None
   except tfds.core.registered.DatasetNotFoundError:
     raise ValueError(f"Unknown data set '{name}': it is neither one of "
-                     f'{", ".join(LOCAL_BUILDERS)} nor in the TFDS catalog.') from None
+                     f'{", ".join(LOCAL_BUILDERS)} nor a TFDS data set this installation registers '
+                     "(TFDS registers the builders that import TensorFlow only with it: pip "
+                     "install -e '.[tensorflow]').") from None
+  except (AssertionError, TypeError, ValueError) as e:
+    # TFDS's 'Failed to construct dataset "mnist", builder_kwargs "{…}": <why>', the why
+    # being e.g. a version it does not have, a config it does not know, an unknown option.
+    why = re.sub(r'^Failed to construct dataset "[^"]*", builder_kwargs "[^"]*": ', '',
+                 str(e).strip()).split('\n')[0].split('. ')[0].rstrip('.')
+    error = OptionError if isinstance(e, TypeError) else ValueError
+    given = f' with options {options}' if options else ''
+    raise error(f'Data set {name!r} cannot be built{given}: {why}.') from None
+
+
+def _damaged_info(name: str, data_dir: str | None, error: Exception) -> ValueError:
+  """The one sentence for a prepared folder whose dataset_info.json does not parse."""
+  builder = LOCAL_BUILDERS.get(name)
+  if builder is not None and data_dir:
+    where = os.path.join(data_dir, builder.name, str(builder.VERSION))
+  else:
+    where = f'{data_dir or "TFDS default data directory"} (its folder {name.split(":")[0]})'
+  return ValueError(f"Data set '{name}' in {where} is damaged (its dataset_info.json: "
+                    f'{str(error).strip().rstrip(".")}): remove that folder to prepare it '
+                    'again, or copy it in again.')
 
 
 def _nearest_existing(path: str) -> str | None:
@@ -217,12 +259,17 @@ def _check_data_dir(data_dir: str, origin: str) -> None:
 
 def _check_version_dir(name: str, version_dir: str) -> None:
   """ValueError in one sentence if `version_dir`, where `name` is to be prepared, or the
-  nearest of its parents that exists is a file."""
+  nearest of its parents that exists is a file, or that folder cannot be written."""
   existing = _nearest_existing(version_dir)
   if existing is not None and not os.path.isdir(existing):
     raise ValueError(f"Data set '{name}' cannot be prepared in {version_dir}, as {existing} is "
                      f'a file; move that file away or give data_dir= (or ${DATA_DIR_ENV_VAR}) '
                      f'another folder.')
+  if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+    raise ValueError(f"Data set '{name}' is not prepared in {version_dir}, and it cannot be "
+                     f'prepared there: permission denied on the folder {existing}; give '
+                     f'data_dir= (or ${DATA_DIR_ENV_VAR}) a folder that can be written, or '
+                     'prepare it elsewhere and copy it in.')
 
 
 def _known_splits(builder) -> tuple[str, ...]:

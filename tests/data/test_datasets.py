@@ -12,6 +12,7 @@ import collections
 import gzip
 import os
 import random
+import shutil
 import socket
 import struct
 import time
@@ -389,6 +390,28 @@ def test_unknown_name(tmp_path):
   assert_one_sentence(str(error.value), "'no_such_data_set'", 'mnist1d')
 
 
+@pytest.mark.parametrize('name', [None, '', '  '])
+def test_a_missing_name_is_one_sentence(tmp_path, name):
+  # None was a TypeError traceback from TFDS's name parser, '' its 19-line format help.
+  with pytest.raises(ValueError) as error:
+    datasets.load(name, 'train', data_dir=tmp_path)
+  assert_one_sentence(str(error.value), f'got {name!r}', 'mnist1d')
+
+
+@pytest.mark.parametrize('name, options, error_type, parts', [
+    # Each was TFDS's exception with a traceback (an AssertionError for a version).
+    ('mnist:1.0.0', {}, ValueError, ["'mnist:1.0.0'", 'version 1.0.0', 'only: 3.0.1']),
+    ('mnist/no_such_config', {}, ValueError, ['BuilderConfig no_such_config not found']),
+    ('mnist', {'foo': 1}, datasets.OptionError, ["{'foo': 1}", "argument 'foo'"]),
+])
+def test_a_tfds_name_or_option_tfds_cannot_build_is_one_sentence(tmp_path, name, options,
+                                                                  error_type, parts):
+  with pytest.raises(error_type) as error:
+    datasets.load(name, 'train', data_dir=tmp_path, **options)
+  assert_one_sentence(str(error.value), *parts)
+  assert not os.listdir(tmp_path)
+
+
 def test_split_expressions_over_known_splits_and_all_are_read(tmp_path):
   assert len(datasets.load('digits', 'all', data_dir=tmp_path)) == 1797
   assert len(datasets.load('digits', 'train[:10]+test', data_dir=tmp_path)) == 10 + 360
@@ -418,3 +441,45 @@ def test_download_hosts_are_the_recorded_urls_hosts_with_their_scheme_ports():
       ('e.example', 443))
   Builder.url_infos = {}
   assert datasets._download_hosts(Builder()) == (('storage.googleapis.com', 443),)
+
+
+def test_a_data_directory_that_cannot_be_written_is_one_sentence_before_preparing(tmp_path,
+                                                                                 monkeypatch):
+  # It was a PermissionError traceback from the preparation lock (a shared read-only folder).
+  shared = tmp_path / 'shared'
+  shared.mkdir()
+  access = os.access  # as root os.access allows everything: the refusal is simulated
+  monkeypatch.setattr(os, 'access', lambda p, mode: str(p) != str(shared) and access(p, mode))
+  with pytest.raises(ValueError) as error:
+    datasets.load('digits', 'train', data_dir=shared)
+  assert_one_sentence(str(error.value), "'digits' is not prepared in", 'jaxlab_digits',
+                      f'permission denied on the folder {shared}', 'data_dir=')
+  assert not os.listdir(shared)
+
+
+def _truncate(path, size):
+  with open(path, 'r+b') as f:
+    f.truncate(size)
+
+
+@pytest.mark.parametrize('damage, split, why', [
+    (lambda v: _truncate(v / 'jaxlab_digits-train.array_record-00000-of-00001', 1000), 'train',
+     "split 'train': ArrayRecord file should be at least 64KB big"),
+    (lambda v: os.remove(v / 'jaxlab_digits-test.array_record-00000-of-00001'), 'test',
+     "split 'test': open() failed: No such file or directory"),
+    (lambda v: _truncate(v / 'dataset_info.json', 200), 'train',
+     'its dataset_info.json: Failed to load JSON'),
+])
+def test_a_damaged_prepared_data_set_is_one_sentence_and_removing_it_prepares_it_again(
+    tmp_path, damage, split, why):
+  # Each was a traceback (RuntimeError, protobuf's ParseError), the first only on reading.
+  datasets.load('digits', 'train', data_dir=tmp_path)
+  version_dir = tmp_path / 'jaxlab_digits' / '1.0.0'
+  damage(version_dir)
+  with pytest.raises(ValueError) as error:
+    datasets.load('digits', split, data_dir=tmp_path)
+  assert_one_sentence(str(error.value), f"'digits' in {version_dir} is damaged ({why}",
+                      'remove that folder to prepare it again')
+  shutil.rmtree(version_dir)
+  sizes = {'train': 1437, 'test': 360}
+  assert len(datasets.load('digits', split, data_dir=tmp_path)) == sizes[split]
