@@ -242,6 +242,11 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x_q_BxTxD, x_kv_BxSxD=None, *, mask=None, causal: bool = False,
                decode: bool = False, train: bool = False):
+    for option, value in (('num_heads', self.num_heads), ('head_dim', self.head_dim)):
+      if option == 'head_dim' and value is None:  # the default: the input width / N
+        continue
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f'MultiHeadAttention {option} must be a positive integer, got {value!r}.')
     width = x_q_BxTxD.shape[-1]
     if width % self.num_heads and self.head_dim is None:
       raise ValueError(f'MultiHeadAttention: width {width} is not divisible by num_heads='

@@ -136,12 +136,18 @@ class Attend(nn.Module):
     if rotary is not None and kind != 'linear':
       raise ValueError(f'attention={kind!r} takes q and k already rotated, not rotary '
                        'positions to apply.')
+    if kind != 'exact' and bias is not None:
+      raise ValueError(f'attention={kind!r} takes no additive bias (ALiBi needs exact attention).')
+    batch, keys = k_BxSxNxH.shape[:2]
+    queries = q_BxTxNxH.shape[1]
+    # No queries, or no keys to attend (as a fully masked row, which returns zeros): zeros,
+    # without the kind, which would divide by zero or reduce over no keys. The sparse kinds
+    # still refuse T ≠ S themselves: they are self-attention only.
+    if 0 in (queries, keys) and (queries == keys or kind not in sparse_lib.PATTERNS):
+      return jnp.zeros((*q_BxTxNxH.shape[:-1], v_BxSxNxH.shape[-1]), q_BxTxNxH.dtype)
     if kind == 'exact':
       return core.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask, bias=bias,
                                         causal=causal)
-    if bias is not None:
-      raise ValueError(f'attention={kind!r} takes no additive bias (ALiBi needs exact attention).')
-    batch, keys = k_BxSxNxH.shape[:2]
     key_valid_BxS = _key_valid(kind, mask, batch, keys)
     args = (q_BxTxNxH, k_BxSxNxH, v_BxSxNxH)
     if kind == 'chunked':

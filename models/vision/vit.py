@@ -45,7 +45,8 @@ class ViT(nn.Module):
       order, N(0, 0.02²)), 'sinusoidal' (fixed, Vaswani et al. 2017), 'rotary'
       or 'alibi' (inside attention, 1-D over the same order) or 'none' (the
       encoder then sees the patches as a set).
-    attention: the self-attention's kind (models/attention/kinds.py), default 'exact'.
+    attention: the self-attention's kind (models/attention/kinds.py), default 'exact';
+      'linformer' then takes images of at most as many patches as those `init` saw.
     attention_options: that kind's options, e.g. {'num_features': 128} for 'performer'.
     dropout_rate: dropout on z_0 and after every sub-layer (App. B.1).
     use_bias: biases in the projections and LayerNorms.
@@ -112,6 +113,17 @@ class ViT(nn.Module):
                          f'of {p}×{p}, but its learned positions were made for '
                          f'{table_length - cls} at init; give images of the size it was '
                          f'initialised with.')
+    max_length = x_BxNxD.shape[1]
+    if self.attention == 'linformer' and self.has_variable('params', 'block0'):
+      # Linformer's projections have one column per token of the images `init` saw; fewer
+      # tokens use their first columns (models/attention/linformer.py), more have none.
+      block0 = nn.unbox(self.get_variable('params', 'block0'))
+      max_length = block0['self_attention']['attend']['projections']['proj_e'].shape[1]
+      if x_BxNxD.shape[1] > max_length:
+        cls = 1 if self.pool == 'cls' else 0
+        raise ValueError(f'ViT image size {height}×{width} gives {x_BxNxD.shape[1] - cls} patches '
+                         f'of {p}×{p}, but its Linformer projections were made for at most '
+                         f'{max_length - cls} at init; give images of at most that many patches.')
     x_BxNxD = embed_positions(x_BxNxD, self.positions, x_BxNxD.shape[1])
     x_BxNxD = nn.Dropout(self.dropout_rate, deterministic=not train)(x_BxNxD)
     x_BxNxD = nn.with_logical_constraint(x_BxNxD, ('batch', 'length', 'embed'))
@@ -122,7 +134,7 @@ class ViT(nn.Module):
                                  self.dropout_rate, pre_norm=True, positions=positions,
                                  attention=self.attention,
                                  attention_options=self.attention_options,
-                                 max_length=x_BxNxD.shape[1], use_bias=self.use_bias,
+                                 max_length=max_length, use_bias=self.use_bias,
                                  dtype=self.dtype,
                                  name=f'block{layer}')(x_BxNxD, train=train)
     x_BxNxD = layer_norm(self.use_bias, 'final_norm')(x_BxNxD)

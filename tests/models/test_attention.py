@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from models.attention import core
+from models.transformer.blocks import TransformerBlock
 from tests.messages import one_sentence
 
 B, N, H = 3, 2, 4
@@ -344,6 +345,20 @@ def test_multi_head_attention_rejects_bad_options():
   for module, kwargs, message in cases:
     with pytest.raises(ValueError, match=message):
       module.init(jax.random.PRNGKey(0), x, **kwargs)
+
+
+@pytest.mark.parametrize('option, value', [('num_heads', 0), ('num_heads', -2), ('head_dim', 0),
+                                           ('head_dim', -2), ('head_dim', True)])
+def test_a_head_count_or_width_that_is_not_a_positive_integer_is_one_sentence(option, value):
+  # num_heads 0 divided the width by zero and -2 made a kernel of negative shape; head_dim 0
+  # fell back to the default width silently.
+  x = jnp.zeros((1, 3, 8))
+  layers = [core.MultiHeadAttention(**{'num_heads': 2, option: value})]
+  if option == 'num_heads':  # The block's own attention checks it alike.
+    layers.append(TransformerBlock(value, mlp_dim=8))
+  for layer in layers:
+    one_sentence(lambda: layer.init(jax.random.PRNGKey(0), x),
+                 f'MultiHeadAttention {option} must be a positive integer, got {value!r}.')
 
 
 # ---- the key/value cache ---------------------------------------------------------------------

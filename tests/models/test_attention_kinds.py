@@ -80,6 +80,27 @@ def test_each_kind_is_its_function_between_the_projections(kind, options, functi
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize('kind', kinds.KINDS)
+def test_no_queries_give_an_empty_output_and_no_keys_give_zeros(kind):
+  # Every kind but exact divided by zero or reduced over no keys.
+  options = (('projected_length', 4),) if kind == 'linformer' else ()
+  causal = kind != 'linformer'
+  layer, params, x = layer_and_params(attention=kind, attention_options=options)
+  out = layer.apply({'params': params}, x[:, :0], causal=causal)
+  assert out.shape == (2, 0, D)
+  q = jnp.asarray(draw((2, 3, N, D // N), 4))
+  none_BxSxNxH = jnp.zeros((2, 0, N, D // N))
+  attend = kinds.Attend(kind, options)
+  if kind in sparse.PATTERNS:  # Self-attention only: 3 queries and no keys stay refused.
+    with pytest.raises(ValueError, match='sparse_attention is self-attention'):
+      attend.init(jax.random.PRNGKey(0), q, none_BxSxNxH, none_BxSxNxH)
+    return
+  # No key to attend: the row is fully masked, which every kind returns as zeros.
+  out, _ = attend.init_with_output(jax.random.PRNGKey(0), q, none_BxSxNxH, none_BxSxNxH,
+                                   causal=False)
+  np.testing.assert_array_equal(out, np.zeros((2, 3, N, D // N)))
+
+
 @pytest.mark.parametrize('kind', ['linear', 'local', 'strided'])
 def test_rotary_positions_reach_each_kind_as_it_takes_them(kind):
   # Linear attention rotates its own features, in the numerator only (RoFormer eq. 19); the

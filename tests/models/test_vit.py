@@ -14,6 +14,7 @@ import pytest
 
 from models import registry
 from models.vision.vit import ViT
+from tests.messages import one_sentence
 from tests.models import dropout_probe
 from tests.models.test_transformer_reference import reference_block
 
@@ -407,3 +408,29 @@ def test_images_of_another_size_than_at_init_are_one_sentence(pool, height, widt
   with pytest.raises(ValueError, match=f'gives {patches} patches'):
     jax.eval_shape(lambda v: model.apply(nn.unbox(v), images(shape=(B, height, width, C))),
                    variables)
+
+
+@pytest.mark.parametrize('pool', ['cls', 'mean'])
+def test_linformer_takes_fewer_patches_than_at_init_and_refuses_more_in_one_sentence(pool):
+  """Linformer's projections have a column per token of the images `init` saw (N = 6 here):
+  fewer patches use the first columns, as a model made for them would; more are refused."""
+  model = tiny(pool=pool, positions='sinusoidal', attention='linformer',
+               attention_options=(('projected_length', 3),))
+  boxed = model.init(jax.random.key(1), images())
+  variables = nn.unbox(boxed)
+  small = images(shape=(B, 4, 8, C))  # 2 patches
+  tokens = 2 + (pool == 'cls')
+
+  def first_columns(path, a):
+    return a[:, :tokens] if path[-1].key in ('proj_e', 'proj_f') else a
+
+  made_for_small = jax.tree_util.tree_map_with_path(first_columns, variables)
+  assert made_for_small['params']['block0']['self_attention']['attend']['projections'][
+      'proj_e'].shape == (3, tokens)
+  np.testing.assert_allclose(model.apply(variables, small), model.apply(made_for_small, small),
+                             rtol=1e-6, atol=1e-6)
+  # Boxed parameters (as init returns them) and unboxed ones (as a checkpoint restores them).
+  for v in (boxed, variables):
+    one_sentence(lambda: model.apply(v, images(shape=(B, 12, 12, C))),
+                 f'ViT image size 12×12 gives 9 patches of 4×4, but its Linformer projections '
+                 f'were made for at most {N} at init; give images of at most that many patches.')
