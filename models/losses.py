@@ -75,14 +75,21 @@ def cross_entropy(logits_BxC: jnp.ndarray, labels_B: jnp.ndarray, label_smoothin
   left out (0 log 0 = 0), so a logit of -∞ outside the target gives no NaN.
   Labels must lie in [0, C): concrete labels outside are refused; traced ones
   (under `jax.jit`) give NaN for their example, so masked positions need labels
-  in range even when their weight is 0.
+  in range even when their weight is 0. Floating-point labels, traced or not, are
+  refused rather than truncated (soft targets go to `softmax_cross_entropy`).
   """
   if labels_B.shape != logits_BxC.shape[:-1]:
     raise ValueError(f'Labels of shape {labels_B.shape} do not match logits of shape {logits_BxC.shape}; '
                      'expected one integer label per row of logits.')
   _check_unit_interval('label_smoothing', label_smoothing)
   num_classes = logits_BxC.shape[-1]
-  if not isinstance(labels_B, jax.core.Tracer) and labels_B.size:
+  concrete = not isinstance(labels_B, jax.core.Tracer)
+  if jnp.issubdtype(labels_B.dtype, jnp.inexact):  # cast to int32 below, 0.9 would be class 0
+    values = np.asarray(labels_B).ravel() if concrete else np.zeros(0)
+    values = np.concatenate([values[values != np.round(values)], values])
+    example = f' such as {values[0]!s}' if values.size else ''  # a fraction first
+    raise ValueError(f'Labels must be integer class indices, got {labels_B.dtype} labels{example}.')
+  if concrete and labels_B.size:
     labels = np.asarray(labels_B)
     outside = labels[(labels < 0) | (labels >= num_classes)]
     if outside.size:

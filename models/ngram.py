@@ -113,7 +113,13 @@ class NGramModel:
       discount: D in [0, 1] of Kneser–Ney at every level, or None to estimate
         it per level as n₁ / (n₁ + 2 n₂).
     """
-    tokens = np.asarray(tokens, np.int64)
+    tokens = np.asarray(tokens)
+    if np.issubdtype(tokens.dtype, np.inexact):  # cast to int64, 1.7 would be id 1
+      values = np.concatenate([tokens[tokens != np.round(tokens)], tokens], axis=None)
+      example = f' such as {values[0]!s}' if values.size else ''  # a fraction first
+      raise ValueError(f'The training tokens must be integer ids, got {tokens.dtype} '
+                       f'tokens{example}.')
+    tokens = tokens.astype(np.int64, copy=False)
     if smoothing not in SMOOTHINGS:
       raise ValueError(f'Unknown smoothing {smoothing!r}; the smoothings are: {", ".join(SMOOTHINGS)}.')
     if not isinstance(order, (int, np.integer)) or order < 1:

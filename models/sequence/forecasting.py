@@ -297,9 +297,12 @@ def last_value_forecast(history_BxT, num_steps: int) -> np.ndarray:
 def seasonal_naive_forecast(history_BxT, num_steps: int, period: int = 12) -> np.ndarray:
   """The seasonal naive forecast: ŷ_{T+h} = x_{T+h−m·⌈h/m⌉}, the last observed value of the
   same season (m = `period`; for h ≤ m that is x_{T+h−m})."""
+  if not isinstance(period, numbers.Integral) or isinstance(period, bool) or period < 1:
+    raise ValueError(f'The seasonal naive forecast period must be a positive integer, got '
+                     f'{period!r}.')
   history_BxT = np.asarray(history_BxT)
   length = history_BxT.shape[1]
-  if period < 1 or length < period:
+  if length < period:
     raise ValueError(f'The seasonal naive forecast of period {period} needs at least {period} '
                      f'values of history, got {length}.')
   h_N = np.arange(1, num_steps + 1)

@@ -28,6 +28,7 @@ unchanged and output zeros, so whatever the padding holds changes nothing.
 Carries stay float32 whatever the compute `dtype` of the cells' matmuls.
 """
 
+import numbers
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -90,13 +91,23 @@ def make_cell(kind: str, features: int, dtype: Any = jnp.float32, **kwargs) -> n
   raise ValueError(f'Unknown recurrent cell {kind!r}; allowed: {", ".join(CELLS)}.')
 
 
-def check_cell_options(owner: str, cell: str, features: int, num_layers: int = 1) -> None:
+def check_unroll(owner: str, unroll: int | bool) -> None:
+  """One sentence for an `unroll` that `jax.lax.scan` does not take: it takes a bool (True
+  unrolls every step) or an integer >= 0 (0 unrolls every step too)."""
+  if not isinstance(unroll, numbers.Integral) or unroll < 0:
+    raise ValueError(f'{owner} unroll must be a bool or an integer >= 0 (True or 0 unrolls every '
+                     f'step), got {unroll!r}.')
+
+
+def check_cell_options(owner: str, cell: str, features: int, num_layers: int = 1,
+                       unroll: int | bool = 1) -> None:
   """One-sentence errors for the options every recurrent model shares."""
   if cell not in CELLS:
     raise ValueError(f'{owner} cell={cell!r} is not a recurrent cell; allowed: {", ".join(CELLS)}.')
   for name, value in (('features', features), ('num_layers', num_layers)):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f'{owner} {name} must be a positive integer, got {value!r}.')
+  check_unroll(owner, unroll)
 
 
 def hidden_state(carry):
@@ -131,7 +142,8 @@ class Recurrent(nn.Module):
     cell: 'elman', 'lstm' or 'gru'.
     features: hidden size H.
     reverse: read the sequence backwards.
-    unroll: time steps per iteration of the compiled loop (`nn.scan`'s unroll).
+    unroll: time steps per iteration of the compiled loop (`nn.scan`'s unroll: an integer >= 0
+      or a bool; 0 or True unrolls every step).
     dtype: compute dtype of the matmuls; carries stay float32.
   """
   cell: str
@@ -139,6 +151,10 @@ class Recurrent(nn.Module):
   reverse: bool = False
   unroll: int = 1
   dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    check_unroll('Recurrent', self.unroll)
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x_BxTxC, lengths_B=None, initial_carry=None, *, decode: bool = False):
@@ -206,6 +222,10 @@ class RNN(nn.Module):
   dropout_rate: float = 0.0
   unroll: int = 1
   dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    check_unroll('RNN', self.unroll)
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x_BxTxC, lengths_B=None, initial_carries: Sequence | None = None, *,

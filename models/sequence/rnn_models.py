@@ -28,8 +28,9 @@ from models.sequence import rnn
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
 
-def _check(owner: str, cell: str, features: int, num_layers: int, dropout_rate: float) -> None:
-  rnn.check_cell_options(owner, cell, features, num_layers)
+def _check(owner: str, cell: str, features: int, num_layers: int, dropout_rate: float,
+           unroll: int | bool) -> None:
+  rnn.check_cell_options(owner, cell, features, num_layers, unroll)
   if not 0 <= dropout_rate < 1:
     raise ValueError(f'{owner} dropout_rate must lie in [0, 1), got {dropout_rate!r}.')
 
@@ -85,7 +86,8 @@ class RNNClassifier(nn.Module):
   dtype: Any = jnp.float32
 
   def __post_init__(self):
-    _check('RNNClassifier', self.cell, self.features, self.num_layers, self.dropout_rate)
+    _check('RNNClassifier', self.cell, self.features, self.num_layers, self.dropout_rate,
+           self.unroll)
     _check_sizes('RNNClassifier', ('vocab_size',), num_classes=self.num_classes,
                  vocab_size=self.vocab_size, embed_dim=self.embed_dim)
     if self.readout not in ('last', 'mean', 'max'):
@@ -94,6 +96,8 @@ class RNNClassifier(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, lengths_B=None, *, train: bool = False):
+    if lengths_B is not None:  # a list of lengths too: the 'mean' and 'max' masks index it
+      lengths_B = jnp.asarray(lengths_B)
     x_BxTxC = SequenceInput(self.vocab_size, self.embed_dim, self.dtype)(inputs)
     y_BxTxH, carries = rnn.RNN(self.cell, self.features, self.num_layers, self.bidirectional,
                                self.dropout_rate, self.unroll, self.dtype)(x_BxTxC, lengths_B,
@@ -133,7 +137,7 @@ class RNNTagger(nn.Module):
   dtype: Any = jnp.float32
 
   def __post_init__(self):
-    _check('RNNTagger', self.cell, self.features, self.num_layers, self.dropout_rate)
+    _check('RNNTagger', self.cell, self.features, self.num_layers, self.dropout_rate, self.unroll)
     _check_sizes('RNNTagger', ('vocab_size',), num_tags=self.num_tags,
                  vocab_size=self.vocab_size, embed_dim=self.embed_dim)
     super().__post_init__()
@@ -167,7 +171,8 @@ class RNNLanguageModel(nn.Module):
   dtype: Any = jnp.float32
 
   def __post_init__(self):
-    _check('RNNLanguageModel', self.cell, self.features, self.num_layers, self.dropout_rate)
+    _check('RNNLanguageModel', self.cell, self.features, self.num_layers, self.dropout_rate,
+           self.unroll)
     _check_sizes('RNNLanguageModel', vocab_size=self.vocab_size, embed_dim=self.embed_dim)
     super().__post_init__()
 
@@ -248,7 +253,7 @@ class Seq2Seq(nn.Module):
   dtype: Any = jnp.float32
 
   def __post_init__(self):
-    _check('Seq2Seq', self.cell, self.features, self.num_layers, self.dropout_rate)
+    _check('Seq2Seq', self.cell, self.features, self.num_layers, self.dropout_rate, self.unroll)
     _check_sizes('Seq2Seq', ('source_vocab_size',), vocab_size=self.vocab_size,
                  source_vocab_size=self.source_vocab_size, embed_dim=self.embed_dim,
                  attention_features=self.attention_features)
@@ -267,6 +272,8 @@ class Seq2Seq(nn.Module):
 
   def _encode(self, source, source_lengths_B, train):
     """(encoder states [B, S, H′] or None, their mask [B, S], the decoder's initial carries)."""
+    if source_lengths_B is not None:  # a list of lengths too: the mask indexes it
+      source_lengths_B = jnp.asarray(source_lengths_B)
     batch = source.shape[0]
     if self.source == 'vector':
       v_BxD = source.reshape(batch, -1).astype(self.dtype)

@@ -12,6 +12,7 @@ import pytest
 
 from models import registry
 from models.sequence import forecasting
+from tests.messages import one_sentence
 
 SMALL = dict(channels=4, kernel_size=2, dilations=(1, 2))  # receptive field 4
 
@@ -264,6 +265,14 @@ def test_seasonal_naive_baseline_by_hand():
                                 [list(range(2, 14)) + [2]])
   with pytest.raises(ValueError, match='needs at least 12 values of history, got 6'):
     forecasting.seasonal_naive_forecast(history, 3)
+
+
+@pytest.mark.parametrize('period', [0, -4, 12.0, True])
+def test_seasonal_naive_period_that_is_not_a_positive_integer_is_one_sentence(period):
+  # Period 0 "needed at least 0 values of history, got 24"; 12.0 was an IndexError.
+  history = np.arange(24.0)[None]
+  one_sentence(lambda: forecasting.seasonal_naive_forecast(history, 3, period),
+               'period must be a positive integer', repr(period))
 
 
 # Construction ------------------------------------------------------------------------------

@@ -213,6 +213,22 @@ def test_concrete_labels_outside_the_classes_are_refused(label):
   one_sentence(lambda: losses.cross_entropy(jnp.zeros((3, C)), np.asarray(labels)), f'[0, {C})', f'got {label}')
 
 
+def test_float_labels_are_refused_not_truncated():
+  # [0.9, 2.5] were cast to classes [0, 2]; traced float labels were too.
+  logits = jnp.asarray(np.random.default_rng(5).normal(size=(2, C)), jnp.float32)
+  for labels, words in [(jnp.array([0.9, 2.5]), 'float32 labels such as 0.9'),
+                        (np.array([2.0, 2.5]), 'float64 labels such as 2.5'),
+                        (np.array([1.0, 3.0]), 'float64 labels such as 1.0')]:
+    one_sentence(lambda: losses.cross_entropy(logits, labels), 'integer class indices', words)
+  one_sentence(lambda: cross_entropy(logits, jnp.array([0.9, 2.5]), 0.0), 'integer class indices',
+               'float32 labels')
+  # Integer labels of any width give -log q_y as before.
+  log_q = np.asarray(jax.nn.log_softmax(logits))
+  for labels in (np.array([0, 2], np.int64), jnp.array([0, 2], jnp.int8), [0, 2]):
+    np.testing.assert_allclose(losses.cross_entropy(logits, jnp.asarray(labels)),
+                               -log_q[[0, 1], [0, 2]], **TOL)
+
+
 def test_traced_labels_outside_the_classes_give_nan_for_their_example_only():
   logits = jnp.asarray(np.random.default_rng(3).normal(size=(4, C)), jnp.float32)
   labels = jnp.array([1, -1, C, 0])

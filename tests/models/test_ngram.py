@@ -227,6 +227,22 @@ def test_bad_options_are_refused_in_one_sentence(options, parts):
   assert_one_sentence(str(error.value), *parts)
 
 
+def test_float_tokens_are_refused_not_truncated():
+  # [0.5, 1.7, 2.9, 1.2] were cast to ids [0, 1, 2, 1] and fitted.
+  with pytest.raises(ValueError) as error:
+    ngram.NGramModel(np.array([0.5, 1.7, 2.9, 1.2]), vocab_size=5, order=2)
+  assert_one_sentence(str(error.value), 'integer ids', 'float64 tokens such as 0.5')
+  with pytest.raises(ValueError) as error:
+    ngram.NGramModel(np.array([0.0, 1.0, 1.5]), vocab_size=5, order=2)
+  assert_one_sentence(str(error.value), 'integer ids', 'float64 tokens such as 1.5')
+  # Integer tokens of any width, or a list of ints, fit the same model.
+  reference = model(2)
+  for tokens in (ids(CORPUS).astype(np.int8), list(ids(CORPUS))):
+    fitted = ngram.NGramModel(tokens, vocab_size=len(VOCAB), order=2)
+    np.testing.assert_array_equal(fitted.probabilities(history('a', 1)),
+                                  reference.probabilities(history('a', 1)))
+
+
 @pytest.mark.parametrize('smoothing', ['kneser_ney', 'add_k'])
 def test_a_short_history_is_left_padded_with_before_the_text(smoothing):
   # An order-4 model reads 3 columns; histories of 0, 1 and 2 ids are the same histories

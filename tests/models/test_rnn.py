@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from models.sequence import rnn
+from tests.messages import one_sentence
 
 # float32 model against a float64 loop over at most 7 steps with O(1) weights: the largest
 # difference measured is 3.9e-7 (2-layer bidirectional Elman outputs); a transposed kernel or
@@ -473,6 +474,13 @@ def test_lengths_that_are_not_one_per_sequence_are_one_sentence(lengths):
              + r' must be \[B\] = \(2,\), one per sequence of the batch\.')
   with pytest.raises(ValueError, match=message):
     layer.apply(variables, x_BxTxC, lengths)
+
+
+@pytest.mark.parametrize('unroll', [2.5, '2', -1])
+def test_an_unroll_that_scan_does_not_take_is_one_sentence_at_construction(unroll):
+  # They failed while tracing the scan: a shape TypeError, a '<' TypeError, scan's own message.
+  one_sentence(lambda: rnn.Recurrent('gru', 4, unroll=unroll), 'Recurrent unroll', repr(unroll))
+  one_sentence(lambda: rnn.RNN('gru', 4, unroll=unroll), 'RNN unroll', repr(unroll))
 
 
 def test_inputs_without_a_feature_axis_are_one_sentence():

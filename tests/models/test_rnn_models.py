@@ -14,6 +14,7 @@ from tests.models.test_rnn import CELL_MODULE, carry_of_example, flax_params, hi
 from tests.models.test_rnn import reference_rnn, equation_step
 from tests.models.test_seq_attention import additive_score, dot_score
 from tests.models.test_seq_attention import reference as attention_loop
+from tests.messages import one_sentence
 from train import sampling
 
 SOURCE = jax.random.randint(jax.random.PRNGKey(0), (3, 9), 3, 50)
@@ -371,6 +372,43 @@ def test_sizes_that_are_not_positive_integers_stop_at_construction(name, options
     registry.build(name, **options)
   assert str(error.value) == message
 
+
+
+@pytest.mark.parametrize('name, options', [
+    ('rnn_classifier', dict(num_classes=3, vocab_size=60)),
+    ('rnn_tagger', dict(num_tags=3, vocab_size=60)),
+    ('rnn_lm', dict(vocab_size=60)),
+    ('seq2seq', dict(vocab_size=60)),
+])
+def test_an_unroll_that_scan_does_not_take_stops_at_construction(name, options):
+  # 2.5 failed inside init with a shape TypeError, '2' with a '<' TypeError, -1 in scan's own
+  # message that names no model; a bool, 0 (every step) and any positive integer are scan's.
+  owner = type(registry.build(name, **options)).__name__
+  for unroll in (2.5, '2', -1, None):
+    one_sentence(lambda: registry.build(name, **options, unroll=unroll),
+                 f'{owner} unroll must be', repr(unroll))
+  for unroll in (True, False, 0, 4, np.int64(2)):
+    assert registry.build(name, **options, unroll=unroll).unroll == unroll
+
+
+@pytest.mark.parametrize('readout', ['mean', 'max'])
+def test_classifier_lengths_as_a_list_give_the_logits_of_the_array(readout):
+  # The 'mean' and 'max' masks indexed the list with [:, None] (a TypeError).
+  model = rnn_models.RNNClassifier(4, cell='gru', features=8, readout=readout, vocab_size=60,
+                                   embed_dim=4)
+  variables = model.init(jax.random.PRNGKey(0), SOURCE, LENGTHS)
+  np.testing.assert_array_equal(model.apply(variables, SOURCE, [9, 5, 2]),
+                                model.apply(variables, SOURCE, LENGTHS))
+
+
+@pytest.mark.parametrize('attention', ['none', 'additive'])
+def test_seq2seq_source_lengths_as_a_list_give_the_logits_of_the_array(attention):
+  model = rnn_models.Seq2Seq(60, cell='gru', features=8, embed_dim=4, attention=attention,
+                             attention_features=4)
+  targets = SOURCE[:, :4]
+  variables = model.init(jax.random.PRNGKey(0), targets, SOURCE, LENGTHS)
+  np.testing.assert_array_equal(model.apply(variables, targets, SOURCE, [9, 5, 2]),
+                                model.apply(variables, targets, SOURCE, LENGTHS))
 
 
 @pytest.mark.parametrize('attention', ['none', 'additive'])
