@@ -134,7 +134,9 @@ def check_run(workdir: str, config, task, eval_source, *, sampler: str, steps: i
               bits_per_dim_examples: int) -> None:
   """ValueError in one sentence when the run in `workdir` cannot be measured so: a sampler
   of another kind of run, more steps than its process has (or steps a sampler does not
-  take: the cold sampler takes all T), or likelihoods of more test images than it has."""
+  take: the cold sampler takes all T; fewer than the PC sampler needs), or likelihoods of more
+  test images than it has."""
+  from models.generative import sde as sde_lib  # pylint: disable=g-import-not-at-top
   from train.tasks import diffusion  # pylint: disable=g-import-not-at-top
   is_diffusion = config.task.name == 'diffusion'
   objective = task.objective if is_diffusion else None
@@ -157,6 +159,14 @@ def check_run(workdir: str, config, task, eval_source, *, sampler: str, steps: i
   if sampler in ('ancestral', 'ddim') and steps > task.process_steps:
     raise ValueError(f'--steps={steps} exceeds the {task.process_steps} steps of the run\'s '
                      f'{objective} process; give 0 (all of them) to {task.process_steps}.')
+  if sampler == 'pc':
+    # The fewest steps that pc_sample takes with the run's SDE and the task's 'pc' parts.
+    fewest = sde_lib.min_pc_steps(task.score_model(lambda x, t_B: x)[0])
+    if (steps or diffusion.PC_STEPS) < fewest:
+      given = '' if steps else f' ({diffusion.PC_STEPS:,} steps)'
+      raise ValueError(f'--steps={steps}{given} is too few for '
+                       f'--sampler=pc of the run\'s {objective} process, whose discrete β(t)·h '
+                       f'must stay below 1; give at least {fewest}.')
   if bits_per_dim_examples and objective not in ('ddpm', 'score_sde'):
     raise ValueError('--bits_per_dim_examples needs a ddpm or score_sde run.')
   if bits_per_dim_examples > len(eval_source):

@@ -34,6 +34,7 @@ Degradations of images x [B, H, W, C] at steps t (a scalar or one per example, [
 
 import functools
 import math
+import numbers
 from typing import Callable
 
 import jax
@@ -116,7 +117,7 @@ def mask(x0_BxHxWxC, t, *, rank_HxW, num_steps: int, fill: float = 0.0) -> jax.A
   """D(x_0, t): x_0 with the pixels of rank r < tN/T set to `fill` (all channels), i.e. the
   ⌈tN/T⌉ first pixels of `rank_HxW` out of N = HW; nothing at t = 0, everything at t = T."""
   _check_images(x0_BxHxWxC)
-  _check_num_steps(num_steps)
+  num_steps = _check_num_steps(num_steps)
   _, height, width, _ = x0_BxHxWxC.shape
   if tuple(rank_HxW.shape) != (height, width):
     raise ValueError(f'rank_HxW of shape {tuple(rank_HxW.shape)} must match the images\' '
@@ -153,7 +154,7 @@ def improved_sample(restore_fn: RestoreFn, degrade_fn: DegradeFn, x_T, num_steps
 
 
 def _sample(update, restore_fn, x_T, num_steps, trajectory):
-  _check_num_steps(num_steps)
+  num_steps = _check_num_steps(num_steps)
 
   def step(x_s, s):
     s_B = jnp.full(x_T.shape[:1], s, jnp.int32)
@@ -177,6 +178,8 @@ def _check_sigma(sigma):
                      'deviation in pixels).')
 
 
-def _check_num_steps(num_steps):
-  if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+def _check_num_steps(num_steps) -> int:
+  """`num_steps` as an int: any positive integer (a NumPy one too), not a bool."""
+  if isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral) or num_steps < 1:
     raise ValueError(f'num_steps={num_steps!r} must be a positive integer.')
+  return int(num_steps)

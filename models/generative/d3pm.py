@@ -33,6 +33,7 @@ Zero probabilities (the absorbing state) are kept as log-probabilities of −∞
 value per example, in nats per position (the mean over every non-batch axis of x_0).
 """
 
+import numbers
 from typing import Callable
 
 import jax
@@ -76,8 +77,9 @@ def make_schedule(kind: str, num_classes: int, num_steps: int, betas=None) -> Sc
     raise ValueError(f'kind={kind!r} is not a D3PM transition; allowed: {", ".join(KINDS)}.')
   if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
     raise ValueError(f'num_classes={num_classes!r} must be an integer of at least 2.')
-  if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+  if isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral) or num_steps < 1:
     raise ValueError(f'num_steps={num_steps!r} must be a positive integer.')
+  num_steps = int(num_steps)
   steps = np.arange(1, num_steps + 1, dtype=np.float64)
   if betas is not None:
     betas = np.asarray(betas, np.float64)

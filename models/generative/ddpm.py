@@ -24,6 +24,7 @@ Noise-predicting functions have the signature `eps_fn(x_t, t_B) -> ε̂` with x_
 [B, …] of any trailing shape and t_B int32 [B].
 """
 
+import numbers
 from typing import Callable, NamedTuple
 
 import jax
@@ -89,12 +90,12 @@ def schedule_from_betas(betas_T, timesteps_T=None) -> Schedule:
 
 def linear_schedule(T: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02) -> Schedule:
   """β_t linear from β_1 = beta_start to β_T = beta_end (Ho et al. 2020, §4: 1e-4 to 0.02)."""
-  if not isinstance(T, int) or T < 1:
+  if isinstance(T, bool) or not isinstance(T, numbers.Integral) or T < 1:
     raise ValueError(f'T={T!r} must be a positive integer.')
   if not 0 < beta_start <= beta_end < 1:
     raise ValueError(f'beta_start={beta_start} and beta_end={beta_end} must satisfy '
                      f'0 < beta_start <= beta_end < 1.')
-  return schedule_from_betas(np.linspace(beta_start, beta_end, T))
+  return schedule_from_betas(np.linspace(beta_start, beta_end, int(T)))
 
 
 def respace(schedule: Schedule, num_steps: int) -> Schedule:
@@ -102,8 +103,10 @@ def respace(schedule: Schedule, num_steps: int) -> Schedule:
   if K = 1), with β_k = 1 − ᾱ_{τ_k}/ᾱ_{τ_{k−1}} (Nichol & Dhariwal 2021, §4), so that
   q(x_{τ_k} | x_0) is unchanged; K = T returns `schedule`."""
   total = schedule.num_steps
-  if not isinstance(num_steps, int) or not 1 <= num_steps <= total:
+  if (isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral)
+      or not 1 <= num_steps <= total):
     raise ValueError(f'num_steps={num_steps!r} must be an integer from 1 to T={total}.')
+  num_steps = int(num_steps)
   if num_steps == total:
     return schedule
   # Spacing (T − 1)/(K − 1) ≥ 1, so the rounded indices are distinct.

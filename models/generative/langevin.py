@@ -21,6 +21,7 @@ The two-sample test compares samples x_1 … x_N and y_1 … y_M with the energy
 k(a, b) = −‖a − b‖ (energy) or exp(−‖a − b‖² / 2h²) (MMD), and a permutation p-value.
 """
 
+import numbers
 from typing import Callable
 
 import jax
@@ -29,16 +30,18 @@ import jax.numpy as jnp
 STATISTICS = ('energy', 'mmd')
 
 
-def _check_positive_int(name, value):
-  if not isinstance(value, int) or value < 1:
+def _check_positive_int(name, value) -> int:
+  """`value` as an int: any positive integer (a NumPy one too), not a bool."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
     raise ValueError(f'{name}={value!r} must be a positive integer.')
+  return int(value)
 
 
 def langevin_sample(score_fn: Callable[[jax.Array], jax.Array], x0, key, step_size: float,
                     num_steps: int):
   """num_steps of x ← x + (η/2) s(x) + √η z from x0 [B, …], η = step_size, the noise of
   step i from fold_in(key, i). Returns x [B, …]."""
-  _check_positive_int('num_steps', num_steps)
+  num_steps = _check_positive_int('num_steps', num_steps)
   if not step_size > 0:
     raise ValueError(f'step_size={step_size} must be positive.')
 
@@ -52,7 +55,7 @@ def langevin_sample(score_fn: Callable[[jax.Array], jax.Array], x0, key, step_si
 
 def geometric_sigmas(sigma_max: float, sigma_min: float, num_levels: int):
   """σ_1 = sigma_max > … > σ_L = sigma_min with a constant ratio (Song & Ermon 2019, §4)."""
-  _check_positive_int('num_levels', num_levels)
+  num_levels = _check_positive_int('num_levels', num_levels)
   if not 0 < sigma_min < sigma_max:
     raise ValueError(f'sigma_max={sigma_max} and sigma_min={sigma_min} must satisfy '
                      f'0 < sigma_min < sigma_max.')
@@ -67,7 +70,7 @@ def annealed_langevin_sample(score_fn: Callable[[jax.Array, jax.Array], jax.Arra
 
   with sigmas_L decreasing, ε = epsilon, T = steps_per_level and score_fn(x, sigma_B), σ_i
   given per example [B]. Returns x [B, …]."""
-  _check_positive_int('steps_per_level', steps_per_level)
+  steps_per_level = _check_positive_int('steps_per_level', steps_per_level)
   if not epsilon > 0:
     raise ValueError(f'epsilon={epsilon} must be positive.')
   sigmas_L = jnp.asarray(sigmas_L, jnp.float32)
@@ -137,7 +140,7 @@ def two_sample_test(x_NxD, y_MxD, key, num_permutations: int = 200, statistic: s
   """The statistic D of x and y and its permutation p-value (1 + #{D_π ≥ D}) / (1 + P) over P
   random relabellings π of the pooled samples (drawn from `key`). Returns (D, p)."""
   _check_two_samples(x_NxD, y_MxD, statistic, bandwidth)
-  _check_positive_int('num_permutations', num_permutations)
+  num_permutations = _check_positive_int('num_permutations', num_permutations)
   num_x, num_y = x_NxD.shape[0], y_MxD.shape[0]
   kernel_PxP = _pooled_kernel(x_NxD, y_MxD, statistic, bandwidth)
   labels_P = jnp.concatenate([jnp.ones(num_x), jnp.zeros(num_y)])

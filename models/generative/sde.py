@@ -33,6 +33,7 @@ trailing shape and t_B float32 [B]. Per-example scalars g(t), σ(t) are returned
 
 import dataclasses
 import math
+import numbers
 from typing import Callable
 
 import jax
@@ -77,9 +78,10 @@ class VPSDE:
   T = 1.0
 
   def __post_init__(self):
-    if not 0 < self.beta_min < self.beta_max:
+    # β_min = β_max is a constant β, the SDE of a constant-β DDPM.
+    if not 0 < self.beta_min <= self.beta_max:
       raise ValueError(f'beta_min={self.beta_min} and beta_max={self.beta_max} must satisfy '
-                       f'0 < beta_min < beta_max.')
+                       f'0 < beta_min <= beta_max.')
 
   def beta(self, t):
     return self.beta_min + t * (self.beta_max - self.beta_min)
@@ -265,9 +267,11 @@ def langevin_corrector(sde: SDE, score_fn: ScoreFn, x, t, dt, key, snr: float, n
   return x, mean
 
 
-def _check_steps(name, value):
-  if not isinstance(value, int) or value < 1:
+def _check_steps(name, value) -> int:
+  """`value` as an int: any positive integer (a NumPy one too), not a bool."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
     raise ValueError(f'{name}={value!r} must be a positive integer.')
+  return int(value)
 
 
 def _check_eps(sde, eps):
@@ -299,8 +303,8 @@ def pc_sample(sde: SDE, score_fn: ScoreFn, shape, key, num_steps: int = 1000,
   fold_in(key, num_steps); step i (i = 0 … num_steps − 1) gives its corrector the first and
   its predictor the second key of split(fold_in(key, i))."""
   check_shape(shape)
-  _check_steps('num_steps', num_steps)
-  _check_steps('corrector_steps', corrector_steps)
+  num_steps = _check_steps('num_steps', num_steps)
+  corrector_steps = _check_steps('corrector_steps', corrector_steps)
   _check_eps(sde, eps)
   if predictor is not None and predictor not in PREDICTORS:
     raise ValueError(f'predictor={predictor!r}; allowed: {", ".join(PREDICTORS)} or None.')
@@ -387,7 +391,7 @@ def ode_sample(sde: SDE, score_fn: ScoreFn, shape, key, num_steps: int = 100,
   of `shape` [B, …] down to t = ε, with num_steps fixed steps of RK4 or Heun's method on
   the `time_grid` of `spacing`."""
   check_shape(shape)
-  _check_steps('num_steps', num_steps)
+  num_steps = _check_steps('num_steps', num_steps)
   _check_method(method)
   _check_eps(sde, eps)
   times = time_grid(eps, sde.T, num_steps, spacing)[::-1]
@@ -423,7 +427,7 @@ def ode_log_likelihood(sde: SDE, score_fn: ScoreFn, x, key, num_steps: int = 100
   dimension); 'hutchinson' estimates it with one probe v per example drawn from `key`,
   Rademacher (±1) or Gaussian, held fixed over the solve — an unbiased estimate of the
   log-likelihood up to the ODE solver's error."""
-  _check_steps('num_steps', num_steps)
+  num_steps = _check_steps('num_steps', num_steps)
   _check_method(method)
   _check_eps(sde, eps)
   if divergence not in DIVERGENCES:

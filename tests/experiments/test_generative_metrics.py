@@ -152,6 +152,9 @@ def test_bad_inputs_stop_in_one_sentence(options, error, message):
 def _run(task_name, objective=None, steps=1000, model='unet'):
   """The parts of a run that check_run reads: its config, task and eval split (of 100)."""
   config = ml_collections.ConfigDict({'task': {'name': task_name}, 'model': {'name': model}})
+  if objective in ('ddpm', 'score_sde'):  # the real task: check_run reads its SDE for 'pc'
+    return config, tasks.build('diffusion', {'features': ('image',)}, objective=objective,
+                               num_steps=steps), range(100)
   return config, types.SimpleNamespace(objective=objective, process_steps=steps), range(100)
 
 
@@ -179,6 +182,12 @@ def _run(task_name, objective=None, steps=1000, model='unet'):
     (('diffusion', 'score_sde'), {'sampler': 'ancestral'},
      '--sampler=ancestral does not sample a score_sde run; allowed: pc, ode.'),
     (('vae', None, 0, 'vae'), {'sampler': 'ode'}, "--sampler=ode does not sample the run in 'w'"),
+    # The PC sampler's fewest steps (models/generative/sde.py: min_pc_steps), refused here
+    # rather than by pc_sample, as num_steps, once the classifier's features are compiled.
+    (('diffusion', 'ddpm'), {'sampler': 'pc', 'steps': 10},
+     "--steps=10 is too few for --sampler=pc of the run's ddpm process, whose discrete β(t)·h "
+     'must stay below 1; give at least 20.'),
+    (('diffusion', 'score_sde'), {'sampler': 'pc', 'steps': 19}, '--steps=19 is too few'),
 ])
 def test_settings_the_run_cannot_take_are_one_sentence(run, options, message):
   settings = {'steps': 0, 'bits_per_dim_examples': 0, **options}
@@ -188,6 +197,8 @@ def test_settings_the_run_cannot_take_are_one_sentence(run, options, message):
 @pytest.mark.parametrize('run, options', [
     (('diffusion', 'ddpm'), {'sampler': 'ancestral', 'steps': 1000, 'bits_per_dim_examples': 100}),
     (('diffusion', 'ddpm'), {'sampler': 'pc', 'steps': 2000}),  # a solver's grid, any length
+    (('diffusion', 'ddpm'), {'sampler': 'pc', 'steps': 20}),  # the PC sampler's fewest
+    (('diffusion', 'score_sde'), {'sampler': 'pc'}),  # 0: its 1,000
     (('diffusion', 'score_sde'), {'sampler': 'ode', 'steps': 5000}),
     (('diffusion', 'cold', 50), {'sampler': 'cold', 'steps': 50}),
     (('diffusion', 'cold', 50), {'sampler': 'cold'}),

@@ -198,6 +198,23 @@ def test_bad_arguments_raise():
       make()
 
 
+@pytest.mark.parametrize('kind', [np.int64, bool, float])
+def test_step_counts_may_be_numpy_integers_but_not_bools_or_floats(kind):
+  # A NumPy integer (np.arange's, a config's) was refused as "must be a positive integer".
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 4, 4, 1)), jnp.float32)
+  rank = jnp.arange(16).reshape(4, 4)
+  degrade = lambda x, t_B: cold.mask(x, t_B, rank_HxW=rank, num_steps=4)
+  restore = lambda x_s, s_B: 0.5 * x_s
+  for call in [lambda n: cold.mask(x, 2, rank_HxW=rank, num_steps=n),
+               lambda n: cold.naive_sample(restore, degrade, x, n, trajectory=True),
+               lambda n: cold.improved_sample(restore, degrade, x, n, trajectory=True)]:
+    if kind is np.int64:
+      np.testing.assert_array_equal(call(kind(4)), call(4))
+    else:
+      with pytest.raises(ValueError, match=rf'^num_steps={kind(4)!r} must be a positive integer'):
+        call(kind(4))
+
+
 def test_pixel_order_is_a_random_permutation_fixed_by_its_key():
   # A raster order would mask the image from its top row down, not at random places.
   orders = [np.asarray(cold.pixel_order(key(seed), H, W)).ravel() for seed in (0, 0, 1)]

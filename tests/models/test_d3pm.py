@@ -343,6 +343,17 @@ def test_bad_arguments_raise():
       make()
 
 
+@pytest.mark.parametrize('kind', [np.int64, bool, float])
+def test_step_counts_may_be_numpy_integers_but_not_bools_or_floats(kind):
+  # A NumPy integer (np.arange's, a config's) was refused as "must be a positive integer".
+  make = lambda n: d3pm.make_schedule('uniform', 2, n)
+  if kind is np.int64:
+    jax.tree.map(np.testing.assert_array_equal, make(kind(10)), make(10))
+  else:
+    with pytest.raises(ValueError, match=rf'^num_steps={kind(10)!r} must be a positive integer\.$'):
+      make(kind(10))
+
+
 def test_a_traced_step_outside_zero_to_t_gives_nan():
   schedule = d3pm.make_schedule('uniform', K, T)
   probs = jax.jit(lambda t_B: d3pm.q_probs(schedule, jnp.zeros((3,), int), t_B))(

@@ -219,6 +219,23 @@ def test_bad_arguments_raise():
       call()
 
 
+@pytest.mark.parametrize('kind', [np.int64, bool, float])
+def test_step_counts_may_be_numpy_integers_but_not_bools_or_floats(kind):
+  # A NumPy integer (np.arange's, a config's) was refused as not an integer; True passed as 1.
+  key = jax.random.PRNGKey(0)
+  for call, n, message in [
+      (lambda n: ddpm.linear_schedule(n).betas_T, 10, 'T={!r} must be a positive integer.'),
+      (lambda n: ddpm.respace(SCHEDULE, n).timesteps_T, 10,
+       'num_steps={!r} must be an integer from 1 to T=1000.'),
+      (lambda n: ddpm.sample(SCHEDULE, exact_eps, (2, 2, 2), key, num_steps=n), 10,
+       'num_steps={!r} must be an integer from 1 to T=1000.')]:
+    if kind is np.int64:
+      np.testing.assert_array_equal(call(kind(n)), call(n))
+    else:
+      with pytest.raises(ValueError, match=message.format(kind(n))):
+        call(kind(n))
+
+
 @pytest.mark.parametrize('t', [0, 1001, 2.5, [1, 0]])
 def test_steps_outside_one_to_t_are_refused(t):
   # Step 0 read step T's ᾱ (index −1) and 1001 was clamped to T, both without a word.

@@ -176,6 +176,27 @@ def test_bad_arguments_raise():
       call()
 
 
+@pytest.mark.parametrize('kind', [np.int64, bool, float])
+def test_counts_may_be_numpy_integers_but_not_bools_or_floats(kind):
+  # A NumPy integer (np.arange's, a config's) was refused as "must be a positive integer";
+  # True passed as 1.
+  key = jax.random.PRNGKey(0)
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 2)), jnp.float32)
+  score = lambda x: -x
+  for call, n, name in [
+      (lambda n: langevin.langevin_sample(score, x, key, 0.1, n), 5, 'num_steps'),
+      (lambda n: langevin.geometric_sigmas(1.0, 0.1, n), 5, 'num_levels'),
+      (lambda n: langevin.annealed_langevin_sample(lambda x, s: -x, x, key, [1.0, 0.5], 0.1, n),
+       3, 'steps_per_level'),
+      (lambda n: langevin.two_sample_test(x, x + 1, key, num_permutations=n), 10,
+       'num_permutations')]:
+    if kind is np.int64:
+      jax.tree.map(np.testing.assert_array_equal, call(kind(n)), call(n))
+    else:
+      with pytest.raises(ValueError, match=rf'^{name}={kind(n)!r} must be a positive integer\.$'):
+        call(kind(n))
+
+
 @pytest.mark.parametrize('statistic', ['energy', 'mmd'])
 def test_permutation_p_value_counts_the_observed_labelling(statistic):
   # Two samples of 20 points 10 apart: of the C(40, 20) labellings only the observed one and

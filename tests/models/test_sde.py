@@ -284,6 +284,38 @@ def test_a_ddpm_eps_network_is_the_score_of_its_vp_sde():
   check_moments(samples, M, S, 'ddpm as VP ODE')
 
 
+def test_a_constant_beta_ddpm_is_sampled_and_scored_through_its_constant_beta_vp_sde():
+  # β_start = β_end, a schedule DDPM training takes, gives β(t) = β = 10, B(t) = βt: refused
+  # before as beta_min = beta_max, so the PC and ODE samplers and the likelihood could not run.
+  from models.generative import ddpm  # pylint: disable=g-import-not-at-top
+  schedule = ddpm.linear_schedule(1000, 0.01, 0.01)
+  sde = sde_lib.vp_sde_from_ddpm(schedule)
+  assert (sde.beta_min, sde.beta_max) == pytest.approx((10.0, 10.0))
+  t_B = np.array([1e-3, 0.1, 0.5, 1.0], np.float32)
+  mean, std = sde.marginal(jnp.ones((4, 1)), t_B)
+  np.testing.assert_allclose(mean[:, 0], np.exp(-5 * t_B.astype(np.float64)), rtol=1e-6)
+  np.testing.assert_allclose(std[:, 0], np.sqrt(1 - np.exp(-10 * t_B.astype(np.float64))),
+                             rtol=1e-6)
+  score_fn = sde_lib.score_from_eps(sde, ddpm_exact_eps(np.full(1000, 0.01)), schedule)
+  assert sde_lib.min_pc_steps(sde) == 10
+  pc, ode = jax.jit(lambda key: [
+      sde_lib.pc_sample(sde, score_fn, (2048, 2), key, num_steps=1000),
+      sde_lib.ode_sample(sde, score_fn, (2048, 2), jax.random.fold_in(key, 1), num_steps=50)])(
+          jax.random.PRNGKey(6))
+  # Measured |z| ≤ 2.2 and std errors ≤ 1.3 % (tolerance 4.4 %); 100 PC steps, β h = 0.1,
+  # are 6 % narrow, with the exact score too.
+  check_moments(pc, M, S, 'constant-β PC')
+  check_moments(ode, M, S, 'constant-β ODE')
+  x = np.random.default_rng(3).normal(size=(8, 2)).astype(np.float32) * S + M
+  a, sigma = (float(v.reshape(-1)[0]) for v in sde.marginal(jnp.ones((1, 1)), jnp.full((1,), 1e-3)))
+  exact_prior = _ExactPrior(sde)
+  log_p = jax.jit(lambda x: sde_lib.ode_log_likelihood(
+      exact_prior, score_fn, x, None, num_steps=100, divergence='exact', eps=1e-3))(x)
+  # log p_ε of the data's p_ε = N(a(ε) m, (a(ε)² s² + σ(ε)²) I): measured ≤ 2.6e-5.
+  np.testing.assert_allclose(log_p, gaussian_log_prob(x, a * M, a**2 * S**2 + sigma**2),
+                             rtol=0, atol=1e-4)
+
+
 def test_only_a_linear_ddpm_schedule_gives_a_vp_sde():
   from models.generative import ddpm  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match='not linear in β'):
@@ -334,6 +366,25 @@ def test_bad_arguments_raise():
       (lambda: sde_lib.dsm_loss(SDES['vp'], score, x, key, eps=1.5), 'eps=1.5')]:
     with pytest.raises(ValueError, match=message):
       call()
+
+
+@pytest.mark.parametrize('kind', [np.int64, bool, float])
+def test_step_counts_may_be_numpy_integers_but_not_bools_or_floats(kind):
+  # A NumPy integer (np.arange's, a config's) was refused as "must be a positive integer";
+  # True passed as 1 (or was "too few" for the PC sampler).
+  sde, score, key = SDES['vp'], exact_score(SDES['vp']), jax.random.PRNGKey(0)
+  x = jnp.zeros((2, 2)) + M
+  for call, n, name in [
+      (lambda n: sde_lib.pc_sample(sde, score, (2, 2), key, num_steps=n), 20, 'num_steps'),
+      (lambda n: sde_lib.pc_sample(sde, score, (2, 2), key, num_steps=20, corrector_steps=n), 2,
+       'corrector_steps'),
+      (lambda n: sde_lib.ode_sample(sde, score, (2, 2), key, num_steps=n), 5, 'num_steps'),
+      (lambda n: sde_lib.ode_log_likelihood(sde, score, x, key, num_steps=n), 5, 'num_steps')]:
+    if kind is np.int64:
+      np.testing.assert_array_equal(call(kind(n)), call(n))
+    else:
+      with pytest.raises(ValueError, match=rf'^{name}={kind(n)!r} must be a positive integer\.$'):
+        call(kind(n))
 
 
 @pytest.mark.parametrize('name', ['vp', 'subvp', 've'])

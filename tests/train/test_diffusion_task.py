@@ -266,10 +266,22 @@ def test_image_grid_places_each_image():
     ({'input_key': 'pixels'}, "input_key='pixels' is not a feature"),
     ({'objective': 'score_sde', 'sample_steps': 19}, 'sample_steps=19 is too few for the vp'),
     ({'objective': 'score_sde', 'sde': 'subvp', 'sample_steps': 19}, 'at least 20'),
+    # Once refused only when the first loss was traced, as sigma and hybrid_weight.
+    ({'objective': 'cold', 'blur_sigma': 0.0},
+     'task.blur_sigma=0.0 must be a positive number (the standard deviation in pixels'),
+    ({'objective': 'cold', 'blur_sigma': -1.0}, 'task.blur_sigma=-1.0 must be a positive'),
+    ({'objective': 'd3pm', 'hybrid_weight': -0.5},
+     'task.hybrid_weight=-0.5 must be a non-negative number'),
 ])
 def test_bad_options_are_refused_in_one_sentence(options, part):
-  with pytest.raises(ValueError, match=part.replace('(', r'\(')):
-    tasks.build('diffusion', {'features': ('image',)}, **options)
+  one_sentence(lambda: tasks.build('diffusion', {'features': ('image',)}, **options), part)
+
+
+@pytest.mark.parametrize('options', [
+    {'objective': 'cold', 'degradation': 'mask', 'blur_sigma': 0.0},  # no blur to take it
+    {'objective': 'd3pm', 'hybrid_weight': 0.0}])
+def test_options_the_objective_takes_or_ignores_pass(options):
+  tasks.build('diffusion', {'features': ('image',)}, **options)
 
 
 @pytest.mark.parametrize('objective, channels, needed', [

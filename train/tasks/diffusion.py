@@ -32,6 +32,8 @@ SDES = {'vp': sde_lib.VPSDE, 'subvp': sde_lib.SubVPSDE, 've': sde_lib.VESDE}
 DEGRADATIONS = ('blur', 'mask')
 TRANSITIONS = ('uniform', 'absorbing')
 DEFAULT_STEPS = {'ddpm': 1000, 'cold': 50, 'd3pm': 1000}
+# The predictor–corrector sampler's steps when none are given (Song et al. 2021's N = 1000).
+PC_STEPS = 1000
 # Samplers of each objective, the default first.
 SAMPLERS = {'ddpm': ('ancestral', 'ddim', 'pc', 'ode'), 'score_sde': ('pc', 'ode'),
             'd3pm': ('ancestral',), 'cold': ()}
@@ -80,6 +82,14 @@ class Diffusion(base.Task):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f'task.{name} must be a non-negative integer, got {value!r}.')
+    number = lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+    if self.objective == 'cold' and self.degradation == 'blur' and not (
+        number(self.blur_sigma) and self.blur_sigma > 0):
+      raise ValueError(f'task.blur_sigma={self.blur_sigma!r} must be a positive number (the '
+                       'standard deviation in pixels of each step\'s Gaussian blur).')
+    if self.objective == 'd3pm' and not (number(self.hybrid_weight) and self.hybrid_weight >= 0):
+      raise ValueError(f'task.hybrid_weight={self.hybrid_weight!r} must be a non-negative number '
+                       '(the λ of the cross-entropy term in d3pm\'s hybrid loss).')
     features = self.meta.get('features')
     if features is not None and self.input_key not in features:
       raise ValueError(f'task.input_key={self.input_key!r} is not a feature of the data set; '
@@ -244,7 +254,7 @@ class Diffusion(base.Task):
       x_T = jax.random.normal(key, full, jnp.float32)
       x = ddpm_lib.ddim_sample(self._parts['schedule'], fn, x_T, num_steps=steps or None)
     elif sampler == 'pc':
-      x = sde_lib.pc_sample(*self.score_model(apply), full, key, num_steps=steps or 1000)
+      x = sde_lib.pc_sample(*self.score_model(apply), full, key, num_steps=steps or PC_STEPS)
     else:
       x = sde_lib.ode_sample(*self.score_model(apply), full, key, num_steps=steps or 100,
                              spacing=ode_grid)
