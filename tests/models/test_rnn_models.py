@@ -401,22 +401,24 @@ def test_classifier_lengths_as_a_list_give_the_logits_of_the_array(readout):
                                 model.apply(variables, SOURCE, LENGTHS))
 
 
-@pytest.mark.parametrize('attention', ['none', 'additive'])
-def test_seq2seq_source_lengths_as_a_list_give_the_logits_of_the_array(attention):
+def _small_seq2seq(attention):
+  """(model, targets, variables) of a small GRU Seq2Seq over SOURCE."""
   model = rnn_models.Seq2Seq(60, cell='gru', features=8, embed_dim=4, attention=attention,
                              attention_features=4)
   targets = SOURCE[:, :4]
-  variables = model.init(jax.random.PRNGKey(0), targets, SOURCE, LENGTHS)
+  return model, targets, model.init(jax.random.PRNGKey(0), targets, SOURCE, LENGTHS)
+
+
+@pytest.mark.parametrize('attention', ['none', 'additive'])
+def test_seq2seq_source_lengths_as_a_list_give_the_logits_of_the_array(attention):
+  model, targets, variables = _small_seq2seq(attention)
   np.testing.assert_array_equal(model.apply(variables, targets, SOURCE, [9, 5, 2]),
                                 model.apply(variables, targets, SOURCE, LENGTHS))
 
 
 @pytest.mark.parametrize('attention', ['none', 'additive'])
 def test_seq2seq_targets_of_another_batch_than_the_source_are_one_sentence(attention):
-  model = rnn_models.Seq2Seq(60, cell='gru', features=8, embed_dim=4, attention=attention,
-                             attention_features=4)
-  targets = SOURCE[:, :4]
-  variables = model.init(jax.random.PRNGKey(0), targets, SOURCE, LENGTHS)
+  model, targets, variables = _small_seq2seq(attention)
   with pytest.raises(ValueError, match=r'Seq2Seq reads targets \[B, N\] and a source of the same '
                                        r'batch B, got targets of shape \(2, 4\) and a source of '
                                        r'shape \(3, 9\)\.'):
