@@ -193,28 +193,20 @@ class Run:
     Raises `Stopped` when a stop signal, or `max_bad_steps` non-finite steps in a
     row, end the run early.
     """
+    try:
+      train_step, eval_step, train_iter, state, start_step, writer, evaluation_due = self._start()
+    except BaseException:
+      # Nothing trained yet: the checkpointer and the lock are freed all the same, so a rerun
+      # in this process (a notebook's) is not refused as the directory's holder.
+      try:
+        self._close_checkpointer()
+      except Exception:  # pylint: disable=broad-except
+        pass  # the error on its way up is the one to report
+      if self.lock is not None:
+        self.lock.release()
+      raise
     config, par = self.config, self.parallel
-    abstract = par.abstract_state(self.init_fn, self.rng)
-    train_iter = self.train_iterator()
-    restored = self.checkpointer.restore_latest(abstract)
-    evaluation_due = False
-    if restored is None:
-      state = par.init_state(self.init_fn, self.rng)
-    else:
-      state, data_state, _ = restored
-      train_iter.set_state(data_state['iterator'])
-      # A stop skipped the evaluation due at the checkpoint's step: it runs on resuming.
-      evaluation_due = bool(data_state.get('evaluation_due', False))
-    start_step = int(jax.device_get(state.step))
     total = config.num_train_steps
-    if start_step:
-      _say(f'already finished: the checkpoint is at step {start_step}, of a run of {total}'
-           if start_step >= total else
-           f'resuming from step {start_step} of {total}')
-    train_step = par.compile_train_step(self.train_step_fn(), abstract)
-    eval_step = par.compile_eval_step(self.eval_step_fn(), abstract)
-    writer = metrics_lib.MetricWriter(self.workdir, total, start_step=start_step)
-    state = par.to_run_layout(state)
     # In a multi-process run every process must stop at the same step: each
     # step reduces every process's stop request over the global batch.
     shared_stop = jax.process_count() > 1
@@ -315,6 +307,36 @@ class Run:
     if stopped is not None:
       raise stopped
     return eval_metrics
+
+  def _start(self) -> tuple:
+    """(train step, eval step, train iterator, state in the run's layout, its step, metric
+    writer, whether an evaluation is due): the newest good checkpoint restored, or a new state."""
+    par, total = self.parallel, self.config.num_train_steps
+    abstract = par.abstract_state(self.init_fn, self.rng)
+    train_iter = self.train_iterator()
+    restored = self.checkpointer.restore_latest(abstract)
+    evaluation_due = False
+    if restored is None:
+      state = par.init_state(self.init_fn, self.rng)
+    else:
+      state, data_state, _ = restored
+      train_iter.set_state(data_state['iterator'])
+      # A stop skipped the evaluation due at the checkpoint's step: it runs on resuming.
+      evaluation_due = bool(data_state.get('evaluation_due', False))
+    start_step = int(jax.device_get(state.step))
+    if start_step:
+      _say(f'already finished: the checkpoint is at step {start_step}, of a run of {total}'
+           if start_step >= total else
+           f'resuming from step {start_step} of {total}')
+    train_step = par.compile_train_step(self.train_step_fn(), abstract)
+    eval_step = par.compile_eval_step(self.eval_step_fn(), abstract)
+    writer = metrics_lib.MetricWriter(self.workdir, total, start_step=start_step)
+    try:
+      state = par.to_run_layout(state)
+    except BaseException:
+      writer.close()
+      raise
+    return train_step, eval_step, train_iter, state, start_step, writer, evaluation_due
 
   def _save(self, step: int, state, train_iter, *, force: bool, evaluation_due: bool) -> None:
     data_state = {'iterator': train_iter.get_state()}
@@ -432,8 +454,10 @@ def setup(config: ml_collections.ConfigDict, workdir: str, *,
                   'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
                   'checkpoints_to_keep', 'grad_accum_steps', 'max_bad_steps')
   seed = config.get('seed', 0)
-  if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-    raise ValueError(f'config.seed must be a non-negative integer, got {seed!r}.')
+  if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+    # PRNGKey keeps a seed's low 32 bits: 2**32 would initialise as 0 does (and 2**63 and up
+    # were an OverflowError traceback).
+    raise ValueError(f'config.seed must be an integer in [0, 2**32), got {seed!r}.')
   ema_decay = config.get('ema_decay', 0.0)
   if not 0 <= ema_decay < 1:
     raise ValueError(f'config.ema_decay must lie in [0, 1) (0 keeps no average), got {ema_decay!r}.')

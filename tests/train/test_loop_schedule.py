@@ -370,7 +370,7 @@ def test_a_count_or_interval_below_one_or_a_bool_is_refused(tmp_path, name, valu
 
 
 @pytest.mark.parametrize('key,value,message', [
-    ('seed', True, 'config.seed must be a non-negative integer, got True.'),
+    ('seed', True, 'config.seed must be an integer in [0, 2**32), got True.'),
     ('ema_decay', 1.0, 'config.ema_decay must lie in [0, 1) (0 keeps no average), got 1.0.'),
     ('ema_decay', -0.1, 'config.ema_decay must lie in [0, 1) (0 keeps no average), got -0.1.'),
     ('profile_steps', (3, 3), 'config.profile_steps must be (first, end) with 0 <= first < end, '
@@ -410,3 +410,24 @@ def test_a_record_that_is_not_json_is_named(tmp_path):
   assert one_sentence(lambda: loop.read_config(str(workdir))) == (
       f"{path!r} is not a readable config (Expecting property name enclosed in double quotes at "
       'line 2).')
+
+
+def test_a_run_that_fails_before_its_first_step_frees_its_work_directory(data_dir, tmp_path,
+                                                                         monkeypatch):
+  # Restoring (here: no checkpoint could be read, whose message says a rerun starts from
+  # scratch) came before the part of train() that frees the lock, so a rerun in the same
+  # process was refused as the directory's holder.
+  workdir = str(tmp_path / 'run')
+  run = loop.setup(_config(data_dir), workdir)
+
+  def unreadable(*unused):
+    raise ValueError('None of the checkpoints could be restored.')
+
+  monkeypatch.setattr(run.checkpointer, 'restore_latest', unreadable)
+  with pytest.raises(ValueError, match='None of the checkpoints'):
+    run.train()
+  assert not run.lock.held
+  _assert_free(workdir)
+  monkeypatch.undo()
+  rerun = loop.setup(_config(data_dir), workdir)
+  assert rerun.train()['accuracy'] > 0

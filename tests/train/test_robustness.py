@@ -3,6 +3,7 @@ run's record of metrics on resume, and the resume and ETA lines."""
 
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -142,11 +143,13 @@ def test_profile_steps_write_a_trace_viewable_in_tensorboard(data_dir, tmp_path)
   assert len(traces) == 1 and traces[0].stat().st_size > 0
 
 
-@pytest.mark.parametrize('seed', [-1, None])
+@pytest.mark.parametrize('seed', [-1, None, 2**32, 2**63])
 def test_a_bad_seed_is_refused_before_anything_is_written(data_dir, tmp_path, seed):
-  # A negative seed failed in the input pipeline, after the work directory was written.
+  # A negative seed failed in the input pipeline, after the work directory was written; 2**32
+  # initialised as 0 does (PRNGKey keeps 32 bits), 2**63 was an OverflowError traceback.
   workdir = str(tmp_path / 'w')
-  with pytest.raises(ValueError, match=f'config.seed must be a non-negative integer, got {seed!r}'):
+  with pytest.raises(ValueError,
+                     match=re.escape(f'config.seed must be an integer in [0, 2**32), got {seed!r}.')):
     loop.setup(_config(data_dir, seed=seed), workdir)
   assert not os.path.exists(workdir)
 
