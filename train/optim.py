@@ -22,6 +22,7 @@
   final_lr_fraction (the cosine floor as a fraction of the peak).
 """
 
+import fractions
 import math
 import numbers
 
@@ -85,8 +86,9 @@ def _check_number(config, key: str, default, in_range, allowed: str) -> None:
 
 
 def _boundary_steps(boundaries, total_steps: int) -> list[int]:
-  """The steps at which the 'step' schedule decays: boundary b (a fraction of the run) at b·T."""
-  return [int(b * total_steps) for b in boundaries]
+  """The steps at which the 'step' schedule decays: boundary b (a fraction of the run) at b·T
+  rounded down, b taken as the decimal it prints as (in floats 0.29 · 100 is 28.999…)."""
+  return [math.floor(fractions.Fraction(repr(float(b))) * total_steps) for b in boundaries]
 
 
 def _check_boundaries(boundaries, total_steps: int) -> None:
@@ -101,15 +103,15 @@ def _check_boundaries(boundaries, total_steps: int) -> None:
   steps = _boundary_steps(boundaries, total_steps)
   if steps and steps[0] == 0:
     raise ValueError(f'optimizer.boundaries {boundaries[0]!r} falls on step 0 of a run of '
-                     f'{total_steps} steps (boundary b decays at step int(b * {total_steps})), so '
-                     f'the peak learning rate would never be used; allowed: fractions >= '
-                     f'1/{total_steps}.')
+                     f'{total_steps} steps (boundary b decays at step b·{total_steps} rounded '
+                     f'down), so the peak learning rate would never be used; allowed: fractions '
+                     f'>= 1/{total_steps}.')
   for (a, step_a), (b, step_b) in zip(zip(boundaries, steps), zip(boundaries[1:], steps[1:])):
     if step_a == step_b:
       raise ValueError(f'optimizer.boundaries {a!r} and {b!r} both fall on step {step_a} of a run '
-                       f'of {total_steps} steps (boundary b decays at step int(b * {total_steps})), '
-                       f'so only one decay would happen; allowed: boundaries on distinct steps '
-                       f'(fractions at least 1/{total_steps} apart).')
+                       f'of {total_steps} steps (boundary b decays at step b·{total_steps} rounded '
+                       f'down), so only one decay would happen; allowed: boundaries on distinct '
+                       f'steps (fractions at least 1/{total_steps} apart).')
 
 
 def make_schedule(config, total_steps: int) -> optax.Schedule:

@@ -236,6 +236,16 @@ def test_step_boundaries_are_fractions_of_the_run_truncated_to_steps():
   np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize('boundary, total', [(0.29, 100), (0.57, 100), (0.58, 100), (0.7, 90)])
+def test_a_boundary_decays_at_its_own_step_where_float_products_fall_just_below_it(boundary,
+                                                                                   total):
+  # 0.29 · 100 is 28.999… in floats, so the decay came one step early, at step 28.
+  step = round(boundary * total)
+  schedule = optim.make_schedule(_config(schedule='step', learning_rate=1.0, boundaries=(boundary,),
+                                         decay_factor=0.1), total)
+  assert [float(schedule(t)) for t in (step - 1, step)] == pytest.approx([1.0, 0.1])
+
+
 @pytest.mark.parametrize('change', [
     dict(name='sgd', eps=0.0), dict(name='adam', b1=0.0, b2=0.0), dict(name='momentum', momentum=0.0),
     dict(weight_decay=0.0), dict(grad_clip_norm=0.0), dict(schedule='cosine', final_lr_fraction=0.0),
