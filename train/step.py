@@ -74,7 +74,7 @@ def train_step(state: TrainState, batch: dict, *, model, task: base.Task,
   The batch is split into `grad_accum_steps` micro-batches whose gradients of
   the loss *totals* are summed before the one division by the total weight,
   which equals one step on the whole batch (batch statistics aside: each
-  micro-batch normalises by its own). Step t's random streams derive from
+  micro-batch, every A-th example, normalises by its own). Step t's random streams derive from
   `fold_in(rng, t)` (then the device index and the micro-batch index).
 
   A step whose loss, gradients or updated state are not finite leaves the state
@@ -105,8 +105,12 @@ def train_step(state: TrainState, batch: dict, *, model, task: base.Task,
     (_, (sums, model_state)), grads = jax.value_and_grad(loss_total, has_aux=True)(state.params)
     return model_state, grads, sums
 
+  # Micro-batch k holds the examples k, k + A, k + 2A, … (A = grad_accum_steps): the same
+  # examples whether the step sees the global batch (jit) or each device its contiguous share
+  # (shard_map, pmap), so batch statistics over a micro-batch agree between the modes.
   micro_batches = jax.tree.map(
-      lambda x: x.reshape((grad_accum_steps, x.shape[0] // grad_accum_steps) + x.shape[1:]), batch)
+      lambda x: x.reshape((x.shape[0] // grad_accum_steps, grad_accum_steps) + x.shape[1:])
+      .swapaxes(0, 1), batch)
   first = jax.tree.map(lambda x: x[0], micro_batches)
   key = step_key if grad_accum_steps == 1 else jax.random.fold_in(step_key, 0)
   model_state, grads, sums = micro_step(state.model_state, first, key)

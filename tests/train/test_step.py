@@ -366,13 +366,14 @@ def test_a_step_whose_update_overflows_is_skipped():
 
 def test_batch_statistics_run_through_the_micro_batches_in_order():
   """With 2 micro-batches the running statistics are those of the model applied in training
-  mode to rows 0–3, then to rows 4–7 with the statistics the first left: not those of the
-  last micro-batch alone, nor of rows split another way."""
+  mode to rows 0, 2, 4, 6 (micro-batch k holds every 2nd row from row k), then to rows 1, 3,
+  5, 7 with the statistics the first left: not those of the last micro-batch alone, nor of
+  rows split another way."""
   model = MLP(features=(6, 3), batch_norm=True)
   task, tx = _classification(), optax.sgd(0.1)
   rng = np.random.default_rng(2)
-  # The two halves have means near +3 and −3, so each micro-batch's statistics are its own.
-  inputs = rng.normal(size=(8, 4)) + np.where(np.arange(8) < 4, 3.0, -3.0)[:, None]
+  # Even and odd rows have means near +3 and −3, so each micro-batch's statistics are its own.
+  inputs = rng.normal(size=(8, 4)) + np.where(np.arange(8) % 2 == 0, 3.0, -3.0)[:, None]
   batch = {'input': inputs.astype(np.float32), 'label': rng.integers(0, 3, size=8).astype(np.int32)}
   state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch)
   new_state, _ = jax.jit(functools.partial(
@@ -384,7 +385,7 @@ def test_batch_statistics_run_through_the_micro_batches_in_order():
                              train=True, mutable=['batch_stats'])
     return updates['batch_stats']
 
-  first, second = slice(0, 4), slice(4, 8)
+  first, second = slice(0, 8, 2), slice(1, 8, 2)
   expected = running_stats(running_stats(state.model_state['batch_stats'], first), second)
   for got, want in zip(jax.tree.leaves(new_state.model_state['batch_stats']),
                        jax.tree.leaves(expected)):
@@ -404,7 +405,7 @@ def test_micro_batch_dropout_streams_fold_in_the_micro_batch_index():
   _, metrics = fn(state, batch)
   step_key = jax.random.fold_in(state.rng, 3)
   total = 0.0
-  for i, rows in enumerate((slice(0, 4), slice(4, 8))):
+  for i, rows in enumerate((slice(0, 8, 2), slice(1, 8, 2))):  # every 2nd row from row i
     key = tasks.stream_key(jax.random.fold_in(step_key, i), 'dropout')
     logits = model.apply({'params': state.params}, batch['input'][rows], train=True,
                          rngs={'dropout': key})
