@@ -160,6 +160,7 @@ def main(argv):
   for round_index in range(_ROUNDS.value):
     for variant in variants:
       with freed(variant):
+        train_step.forget_loop_free_flops()  # counted per config, which the variants share
         measured = train_step.measure_step(config, flags.FLAGS.steps)
       seconds[variant].append(measured['step_seconds'])
       label = '+'.join(variant) or 'the step as it is'

@@ -132,6 +132,10 @@ def main(argv):
   print(f'XLA_FLAGS: {os.environ["XLA_FLAGS"]}')
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
+  if _TRACE_DIR.value:  # else the profiler fails only after the step is compiled and traced
+    why = command_line.unwritable(os.path.join(_TRACE_DIR.value, 'trace'))
+    if why:
+      raise app.UsageError(f'--trace_dir={_TRACE_DIR.value} cannot hold the trace: {why}.')
   with tempfile.TemporaryDirectory() as workdir, tempfile.TemporaryDirectory() as tmp_trace:
     trace_dir = _TRACE_DIR.value or tmp_trace
     run = runs.setup(config, workdir)

@@ -30,6 +30,7 @@ step (a block-sparse attention's over blocks of keys, say) is counted once too, 
 the script says so.
 """
 
+import dataclasses
 import functools
 import os
 import re
@@ -218,14 +219,28 @@ def loops_counted_once(config) -> list[str]:
   of (a recurrent layer's scan, the micro-batches), whose body XLA's cost analysis counts once;
   empty if the step has neither."""
   loops = []
-  if 'unroll' in config.model:
+  if _takes_unroll(config):
     loops.append('scan unrolled')
   if config.get('grad_accum_steps', 1) > 1:
     loops.append('micro-batches as one batch')
   return loops
 
 
+def _takes_unroll(config) -> bool:
+  """Whether `config`'s model has an `unroll` option, given by the config or left at the
+  model's default."""
+  model = registry.MODELS.get(config.model.get('name'))
+  fields = {f.name for f in dataclasses.fields(model)} if dataclasses.is_dataclass(model) else ()
+  return 'unroll' in config.model or 'unroll' in fields
+
+
 _LOOP_FREE_FLOPS = {}
+
+
+def forget_loop_free_flops() -> None:
+  """Forgets the loop-free FLOPs counted so far, which are kept per config: for a caller that
+  changes what the model computes without changing its config (`benchmarks/free_parts.py`)."""
+  _LOOP_FREE_FLOPS.clear()
 
 
 def loop_free_step_flops(config) -> tuple[float, int]:
@@ -234,8 +249,9 @@ def loop_free_step_flops(config) -> tuple[float, int]:
   change the loops, not the arithmetic, but for the adds that accumulate micro-batches),
   and the number of loops that step still holds."""
   config = config.copy_and_resolve_references()
-  if 'unroll' in config.model:
-    config.model.unroll = 10**6  # more than any length: lax.scan unrolls it all
+  if _takes_unroll(config):
+    with config.unlocked():
+      config.model.unroll = 10**6  # more than any length: lax.scan unrolls it all
   if 'grad_accum_steps' in config:
     config.grad_accum_steps = 1
   key = config.to_json()

@@ -53,6 +53,16 @@ def _refused(script, args, env=None, **kwargs):
   return lines[-1], result.stdout
 
 
+def test_a_trace_dir_that_cannot_hold_the_trace_is_refused_before_the_step(tmp_path):
+  # The profiler failed with a traceback after the step was compiled, warmed up and traced.
+  (tmp_path / 'a_file').write_text('kept')
+  line, stdout = _refused('profile_step.py', [f'--config={_DIGITS}',
+                                              f'--trace_dir={tmp_path / "a_file" / "trace"}'])
+  assert line == (f'error: --trace_dir={tmp_path / "a_file" / "trace"} cannot hold the trace: '
+                  f'{tmp_path / "a_file"} is a file, not a folder.'), line
+  assert 'op kind' not in stdout and (tmp_path / 'a_file').read_text() == 'kept'
+
+
 @pytest.mark.parametrize('script', ['train_step.py', 'profile_step.py', 'generation.py',
                                     'free_parts.py'])
 def test_a_missing_config_file_is_one_sentence_when_the_flags_are_parsed(script):

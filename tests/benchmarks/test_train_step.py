@@ -79,6 +79,22 @@ def test_step_flops_count_every_micro_batch(data_dir, tmp_path):
   assert result['loops_left'] == 0
 
 
+def test_a_recurrent_models_scan_is_unrolled_for_counting_when_its_config_leaves_unroll_out():
+  # digits_spell's model takes `unroll` at its default, 1: its decoder's scan body was counted
+  # once (2.8e7 FLOP against 6.0e7 unrolled); a model without the option has no scan to unroll.
+  result = run_python('''
+      import json
+      from benchmarks import train_step
+      from experiments.configs import digits_mlp, digits_spell
+
+      spell = digits_spell.get_config()
+      print(json.dumps({'config_has_unroll': 'unroll' in spell.model,
+                        'spell': train_step.loops_counted_once(spell),
+                        'mlp': train_step.loops_counted_once(digits_mlp.get_config())}))
+      ''')
+  assert result == {'config_has_unroll': False, 'spell': ['scan unrolled'], 'mlp': []}
+
+
 def test_sweep_values_take_the_fields_type():
   # A bool field's 'False' once became bool('False'), True: the sweep measured True twice.
   result = run_python('''
