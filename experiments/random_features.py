@@ -12,6 +12,7 @@ kernel machine, an RBF support vector classifier with the same γ.
 
 import os
 
+from absl import app
 from absl import flags
 import jax
 import numpy as np
@@ -76,8 +77,14 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
+  table = None
   if FLAGS.workdir:
     command_line.work_directory(FLAGS.workdir)
+    try:  # before the work, so that an earlier table is not replaced by a run that fails
+      table = command_line.record_file(FLAGS.workdir, 'random_features.tsv',
+                                       'the accuracies are written to')
+    except ValueError as e:
+      raise app.UsageError(str(e)) from None
   counts = command_line.integers_at_least(FLAGS.num_features, 'num_features')
   x_train, x_test, y_train, y_test = load_split(FLAGS.split_seed)
   gamma = FLAGS.gamma if FLAGS.gamma is not None else 1.0 / (x_train.shape[1] * x_train.var())
@@ -93,9 +100,9 @@ def main(argv):
     print(f'{num_features:>6d}  {rows[-1][1]:>19.4f} ± {rows[-1][2]:.4f}', flush=True)
   print(f'exact RBF kernel ridge accuracy: {exact:.4f}')
   print(f'exact RBF SVC (C = {FLAGS.svc_c}) accuracy: {svc:.4f}')
-  if FLAGS.workdir:
+  if table:
     os.makedirs(FLAGS.workdir, exist_ok=True)
-    with open(os.path.join(FLAGS.workdir, 'random_features.tsv'), 'w') as f:
+    with open(table, 'w') as f:
       f.write('model\tnum_features\tmean_accuracy\tstd_accuracy\n')
       f.writelines(f'rff_ridge\t{d}\t{m:.6f}\t{s:.6f}\n' for d, m, s in rows)
       f.write(f'exact_kernel_ridge\t\t{exact:.6f}\t\nexact_svc\t\t{svc:.6f}\t\n')

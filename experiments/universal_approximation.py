@@ -11,6 +11,7 @@ plot of error against width to the workdir.
 
 import os
 
+from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -103,13 +104,19 @@ def main(argv):
   command_line.work_directory(FLAGS.workdir)
   widths = command_line.integers_at_least(
       FLAGS.widths, 'widths', 4, 'the interpolating network uses width - 2 grid points, two or more')
+  try:  # both before the work, so that neither earlier file is replaced by a run that fails
+    table = command_line.record_file(FLAGS.workdir, 'universal_approximation.tsv',
+                                     'the errors are written to')
+    path = command_line.record_file(FLAGS.workdir, 'universal_approximation.png',
+                                    'the figure is written to')
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   os.makedirs(FLAGS.workdir, exist_ok=True)
   print(f'{"width":>6}  {"construction":>14}  {"trained":>12}')
   rows = run(widths, FLAGS.train_steps, FLAGS.learning_rate, FLAGS.seed)
-  with open(os.path.join(FLAGS.workdir, 'universal_approximation.tsv'), 'w') as f:
+  with open(table, 'w') as f:
     f.write('width\tconstruction_max_error\ttrained_max_error\n')
     f.writelines(f'{w}\t{c:.6e}\t{t:.6e}\n' for w, c, t in rows)
-  path = os.path.join(FLAGS.workdir, 'universal_approximation.png')
   plot(rows, path)
   print(f'Wrote {path}')
 

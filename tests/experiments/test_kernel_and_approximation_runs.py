@@ -179,3 +179,27 @@ def test_random_features_script_uses_the_scale_rule_for_gamma_and_reports_the_ex
   assert float(rows['exact_svc'][2]) == pytest.approx(scale_svc.score(x_test, y_test), abs=1e-6)
   assert float(rows['exact_kernel_ridge'][2]) == pytest.approx(0.9926, abs=2e-3)
   assert rows['rff_ridge'][1] == '20' and float(rows['rff_ridge'][3]) == 0  # one draw
+
+
+@pytest.mark.parametrize('script, flags, blocked, kept', [
+    ('random_features', ['--num_features=10', '--draws=1'], 'random_features.tsv', None),
+    ('universal_approximation', ['--widths=4', '--train_steps=0'], 'universal_approximation.png',
+     'universal_approximation.tsv'),
+])
+def test_an_output_file_that_is_a_folder_is_refused_before_any_work(tmp_path, script, flags,
+                                                                    blocked, kept):
+  # Each was an IsADirectoryError traceback after the work; universal_approximation had
+  # already replaced its earlier table.
+  (tmp_path / blocked).mkdir()
+  if kept:
+    (tmp_path / kept).write_text('an earlier table\n')
+  result = subprocess.run(
+      [sys.executable, '-m', f'experiments.{script}', f'--workdir={tmp_path}', *flags],
+      cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+      timeout=120)
+  assert result.returncode == 1 and result.stdout == '', result.stderr[-2000:]
+  message = result.stderr
+  assert message.startswith(f"error: '{tmp_path / blocked}', the ") and message.endswith(
+      ', is a folder.\n'), message
+  if kept:
+    assert (tmp_path / kept).read_text() == 'an earlier table\n'
