@@ -204,11 +204,8 @@ def make_builder(name: str, *, data_dir: str | os.PathLike | None = None,
       raise OptionError(f"Data set '{name}' takes no option {unknown[0]!r}; its options are: "
                       f'{", ".join(allowed)}.')
   try:
-    if name in LOCAL_BUILDERS:  # their own errors are one sentence already
+    if name in LOCAL_BUILDERS:
       return LOCAL_BUILDERS[name](data_dir=data_dir, file_format='array_record', **options)
-  except json_format.ParseError as e:
-    raise _damaged_info(name, data_dir, e) from None
-  try:
     return tfds.builder(name, data_dir=data_dir, file_format='array_record', **options)
   except json_format.ParseError as e:
     raise _damaged_info(name, data_dir, e) from None
@@ -218,6 +215,8 @@ def make_builder(name: str, *, data_dir: str | os.PathLike | None = None,
                      "(TFDS registers the builders that import TensorFlow only with it: pip "
                      "install -e '.[tensorflow]').") from None
   except (AssertionError, TypeError, ValueError) as e:
+    if name in LOCAL_BUILDERS:  # their own errors are one sentence already
+      raise
     # TFDS's 'Failed to construct dataset "mnist", builder_kwargs "{…}": <why>', the why
     # being e.g. a version it does not have, a config it does not know, an unknown option.
     why = re.sub(r'^Failed to construct dataset "[^"]*", builder_kwargs "[^"]*": ', '',

@@ -109,9 +109,9 @@ def _check_boundaries(boundaries, total_steps: int) -> None:
   for (a, step_a), (b, step_b) in zip(zip(boundaries, steps), zip(boundaries[1:], steps[1:])):
     if step_a == step_b:
       raise ValueError(f'optimizer.boundaries {a!r} and {b!r} both fall on step {step_a} of a run '
-                       f'of {total_steps} steps (boundary b decays at step b·{total_steps} rounded '
-                       f'down), so only one decay would happen; allowed: boundaries on distinct '
-                       f'steps (fractions at least 1/{total_steps} apart).')
+                       f'of {total_steps} steps (boundary b decays at step b·{total_steps} '
+                       f'rounded down), so only one decay would happen; allowed: boundaries on '
+                       f'distinct steps (fractions at least 1/{total_steps} apart).')
 
 
 def make_schedule(config, total_steps: int) -> optax.Schedule:

@@ -242,9 +242,9 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x_q_BxTxD, x_kv_BxSxD=None, *, mask=None, causal: bool = False,
                decode: bool = False, train: bool = False):
-    for option, value in (('num_heads', self.num_heads), ('head_dim', self.head_dim)):
-      if option == 'head_dim' and value is None:  # the default: the input width / N
-        continue
+    # head_dim None is the default: the input width / N.
+    for option in ('num_heads',) + (('head_dim',) if self.head_dim is not None else ()):
+      value = getattr(self, option)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f'MultiHeadAttention {option} must be a positive integer, got {value!r}.')
     width = x_q_BxTxD.shape[-1]

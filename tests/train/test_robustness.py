@@ -148,8 +148,8 @@ def test_a_bad_seed_is_refused_before_anything_is_written(data_dir, tmp_path, se
   # A negative seed failed in the input pipeline, after the work directory was written; 2**32
   # initialised as 0 does (PRNGKey keeps 32 bits), 2**63 was an OverflowError traceback.
   workdir = str(tmp_path / 'w')
-  with pytest.raises(ValueError,
-                     match=re.escape(f'config.seed must be an integer in [0, 2**32), got {seed!r}.')):
+  message = f'config.seed must be an integer in [0, 2**32), got {seed!r}.'
+  with pytest.raises(ValueError, match=re.escape(message)):
     loop.setup(_config(data_dir, seed=seed), workdir)
   assert not os.path.exists(workdir)
 
