@@ -12,9 +12,9 @@
     added to the gradient before the momentum (g ← g + λθ, as in He et al.
     2016); 'adam' has none.
   weight_decay_mask: 'all' (every parameter) | 'kernels' (parameters of two or
-    more dimensions other than biases: kernels and embedding tables; no decay on
-    biases, even an attention layer's [heads, head_dim] ones, nor on
-    normalisation scales/offsets)
+    more dimensions other than biases and log-variances: kernels and embedding
+    tables; no decay on biases, even an attention layer's [heads, head_dim] ones,
+    on normalisation scales/offsets, nor on a VAE's per-pixel decoder log σ²)
   grad_clip_norm: clip by global norm (Pascanu et al. 2013) when > 0
   schedule: 'constant' | 'step' | 'cosine' | 'warmup_cosine'
   warmup_steps (an integer, for 'warmup_cosine' only), decay_factor, boundaries
@@ -154,13 +154,19 @@ def make_optimizer(config, total_steps: int) -> tuple[optax.GradientTransformati
   return tx, lr
 
 
+# Parameters of two or more dimensions that 'kernels' spares by name: an attention layer's
+# [heads, head_dim] bias, and the VAE's Gaussian decoder log σ², per pixel [H, W, C] (a
+# variance, which decay would pull towards σ = 1 whatever the data).
+NOT_DECAYED = ('bias', 'decoder_log_var')
+
+
 def decay_mask(kind: str):
   """The pytree mask (True: decayed) of `weight_decay_mask` kind, or None for 'all'."""
   if kind == 'all':
     return None
   # Kernels and embeddings have two or more dimensions; batch- and layer-norm scales and
-  # offsets have one, biases one or (an attention layer's, [heads, head_dim]) two.
-  def is_bias(path) -> bool:
-    return getattr(path[-1], 'key', None) == 'bias' if path else False
+  # offsets have one, biases one or two.
+  def spared(path) -> bool:
+    return getattr(path[-1], 'key', None) in NOT_DECAYED if path else False
   return lambda params: jax.tree_util.tree_map_with_path(
-      lambda path, p: p.ndim >= 2 and not is_bias(path), params)
+      lambda path, p: p.ndim >= 2 and not spared(path), params)

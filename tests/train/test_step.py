@@ -300,7 +300,9 @@ def test_weight_decay_mask_spares_biases_and_norm_parameters():
   params = {'dense': {'kernel': jnp.ones((3, 2)), 'bias': jnp.ones(2)},
             'norm': {'scale': jnp.ones(2)},
             'query': {'kernel': jnp.ones((4, 2, 3)), 'bias': jnp.ones((2, 3))},
-            'embed': {'embedding': jnp.ones((5, 4))}}
+            'embed': {'embedding': jnp.ones((5, 4))},
+            # The VAE's per-pixel decoder log σ² [H, W, C] (was decayed: three dimensions).
+            'vae': {'decoder_log_var': jnp.ones((3, 3, 1))}}
   zero_grads = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zero_grads, tx.init(params), params)
   # With zero gradients only decoupled weight decay moves a parameter: −lr·wd·p.
@@ -308,7 +310,8 @@ def test_weight_decay_mask_spares_biases_and_norm_parameters():
     np.testing.assert_allclose(updates[decayed[0]][decayed[1]],
                                -0.1 * 0.5 * np.ones(params[decayed[0]][decayed[1]].shape),
                                rtol=1e-6, err_msg=str(decayed))
-  for spared in (('dense', 'bias'), ('norm', 'scale'), ('query', 'bias')):
+  for spared in (('dense', 'bias'), ('norm', 'scale'), ('query', 'bias'),
+                 ('vae', 'decoder_log_var')):
     np.testing.assert_array_equal(updates[spared[0]][spared[1]], 0.0, err_msg=str(spared))
   config.weight_decay_mask = 'all'
   tx, _ = optim.make_optimizer(config, 10)
