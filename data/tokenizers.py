@@ -75,15 +75,20 @@ def compile_pattern(pattern: str):
 
 
 def pretokenize(compiled, text: str) -> list[str]:
-  """The pieces of `text`, the matches of `compiled` in order, or ValueError if they leave
-  out a character (they must join back to the text, as GPT2_PATTERN's always do)."""
+  """The pieces of `text`, the matches of `compiled` in order, or ValueError unless they join
+  back to the text (as GPT2_PATTERN's always do): a piece must hold every character, and the
+  pieces must come in text order (a reverse `(?r)` search finds the last one first)."""
   pieces = compiled.findall(text)
-  if sum(map(len, pieces)) != len(text):  # matches never overlap, so equal means all covered
+  if ''.join(pieces) != text:
+    if sum(map(len, pieces)) == len(text):  # matches never overlap: all covered, out of order
+      raise ValueError(f'The pre-tokenisation pattern {compiled.pattern!r} finds its pieces out '
+                       'of text order, so they do not join back to the text; its pieces must '
+                       'cover the text from left to right.')
     position = 0
-    for match in compiled.finditer(text):
-      if match.start() != position:
+    for start, end in sorted(match.span() for match in compiled.finditer(text)):
+      if start != position:
         break
-      position = match.end()
+      position = end
     raise ValueError(f'The pre-tokenisation pattern {compiled.pattern!r} matches no piece holding '
                      f'the character {text[position]!r} at position {position}; its pieces must '
                      'cover the text.')
@@ -242,7 +247,9 @@ def _write(path, payload: dict, train_sha256: str | None) -> None:
   path = os.fspath(path)
   temporary = f'{path}.{os.getpid()}.tmp'
   try:
-    with open(temporary, 'w', encoding='utf-8') as f:
+    # A surrogate character (which a str may hold, e.g. in a character vocabulary) has no
+    # UTF-8 bytes: it is written as its JSON escape \uXXXX, which `json.load` reads back.
+    with open(temporary, 'w', encoding='utf-8', errors='backslashreplace') as f:
       json.dump({'format': FORMAT, 'version': VERSION, **payload}, f, ensure_ascii=False,
                 indent=1)
       f.write('\n')
@@ -299,6 +306,15 @@ def _check_text(text, what: str) -> None:
     hint = (" (data sets return text as UTF-8 bytes: decode it with .decode('utf-8'))"
             if isinstance(text, (bytes, bytearray)) else '')
     raise TypeError(f'{what} takes text as a str, got {type(text).__name__}{hint}.')
+
+
+def _surrogate_error(text: str, what: str) -> ValueError:
+  """One sentence for text that UTF-8 cannot encode: a str holding a surrogate code point, as
+  text decoded with errors='surrogateescape' (e.g. a command-line argument) holds for each
+  byte that was not UTF-8."""
+  position = next(i for i, character in enumerate(text) if '\ud800' <= character <= '\udfff')
+  return ValueError(f'{what} cannot encode the character {text[position]!r} at position '
+                    f'{position}: a surrogate code point has no UTF-8 bytes.')
 
 
 def _check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
@@ -368,9 +384,9 @@ class ByteBPETokenizer:
     """Builds the tokenizer from merges written in the `byte_to_unicode` alphabet.
 
     `pattern` cuts text into pre-tokens: it may not have capturing groups, and `train`
-    and `encode` refuse a text its matches do not cover (`pretokenize`), so no character
-    is dropped. `train_sha256` is the `text_sha256` of the text the merges were learnt
-    on, or None.
+    and `encode` refuse a text its matches do not cover from left to right (`pretokenize`),
+    so no character is dropped or moved. `train_sha256` is the `text_sha256` of the text the
+    merges were learnt on, or None.
     """
     alphabet = byte_to_unicode()
     self.train_sha256 = train_sha256
@@ -404,8 +420,11 @@ class ByteBPETokenizer:
     alphabet = byte_to_unicode()
     word_counts = collections.Counter(pretokenize(compile_pattern(pattern), text))
     symbol_counts = collections.Counter()
-    for word, count in word_counts.items():
-      symbol_counts[tuple(alphabet[b] for b in word.encode('utf-8'))] += count
+    try:
+      for word, count in word_counts.items():
+        symbol_counts[tuple(alphabet[b] for b in word.encode('utf-8'))] += count
+    except UnicodeEncodeError:
+      raise _surrogate_error(text, 'ByteBPETokenizer.train') from None
     return cls(learn_bpe(symbol_counts, alphabet, vocab_size=vocab_size).merges, pattern,
                text_sha256(text))
 
@@ -439,7 +458,10 @@ class ByteBPETokenizer:
     for piece in pretokenize(self._regex, text):
       piece_ids = self._cache.get(piece)
       if piece_ids is None:
-        piece_ids = self._encode_piece(piece)
+        try:
+          piece_ids = self._encode_piece(piece)
+        except UnicodeEncodeError:
+          raise _surrogate_error(text, 'ByteBPETokenizer.encode') from None
         if len(self._cache) >= self._CACHE_LIMIT:
           self._cache.clear()
         self._cache[piece] = piece_ids

@@ -272,6 +272,39 @@ def test_a_pattern_with_capturing_groups_is_refused(bpe, tmp_path):
   assert str(path) in str(error.value)
 
 
+def test_a_pattern_that_finds_its_pieces_out_of_text_order_is_refused():
+  # A reverse search finds every piece, last first: 'To be' was encoded as 'beTo ' without a word.
+  pattern = r'(?r)\p{L}+|\s+|[^\s\p{L}]+'
+  assert sorted(regex.findall(pattern, 'To be')) == sorted(['To', ' ', 'be'])
+  with pytest.raises(ValueError) as error:
+    tokenizers.ByteBPETokenizer.train('To be, or not to be.', 260, pattern=pattern)
+  assert_one_sentence(str(error.value), repr(pattern), 'out of text order', 'left to right')
+  tokenizer = tokenizers.ByteBPETokenizer([], pattern)
+  with pytest.raises(ValueError) as error:
+    tokenizer.encode('To be')
+  assert_one_sentence(str(error.value), 'out of text order')
+  assert tokenizer.decode(tokenizer.encode('Tobe')) == 'Tobe'  # one piece: in order
+  # A character outside every piece is named at its position, whatever order the pieces have.
+  with pytest.raises(ValueError) as error:
+    tokenizers.ByteBPETokenizer([], r'(?r)\p{L}+').encode('To be')
+  assert_one_sentence(str(error.value), "the character ' ' at position 2")
+
+
+@pytest.mark.parametrize('text, position', [('ab \udcff', 3), ('\ud83d\ude42 x', 0),
+                                            ('caf\u00e9 \udc80\udc81', 5)])
+def test_text_holding_surrogates_is_one_sentence_naming_its_position(bpe, text, position):
+  # A byte that is not UTF-8, decoded with errors='surrogateescape' (as a command-line prompt
+  # is), becomes a surrogate; UTF-8 has no bytes for it. The error named its position inside its
+  # pre-token (0 for each of these) instead of in the text.
+  for call, what in ((lambda: bpe.encode(text), 'ByteBPETokenizer.encode'),
+                     (lambda: tokenizers.ByteBPETokenizer.train(text, 260),
+                      'ByteBPETokenizer.train')):
+    with pytest.raises(ValueError) as error:
+      call()
+    assert_one_sentence(str(error.value), f'{what} cannot encode the character '
+                        f'{text[position]!r} at position {position}: a surrogate code point')
+
+
 # Character-level.
 
 
@@ -343,6 +376,19 @@ def test_an_interrupted_save_leaves_the_previous_file_whole(bpe, tmp_path, monke
   assert tokenizers.load(path).merges == bpe.merges
   _CHAR.save(path)  # a completed save replaces it
   assert tokenizers.load(path).vocab == _CHAR.vocab and os.listdir(tmp_path) == ['bpe.json']
+
+
+def test_a_char_vocabulary_holding_surrogates_saves_and_loads(tmp_path):
+  # Saving was a UnicodeEncodeError: a surrogate has no UTF-8 bytes; its JSON escape has.
+  text = 'ab\udcff a\ud83d'
+  tokenizer = tokenizers.CharTokenizer.from_corpus(text)
+  path = tmp_path / 'char.json'
+  tokenizer.save(path)
+  assert '\\udcff' in path.read_text(encoding='utf-8')  # valid UTF-8, the escape spelt out
+  loaded = tokenizers.load(path)
+  assert loaded.vocab == tokenizer.vocab == [' ', 'a', 'b', '\ud83d', '\udcff']
+  assert loaded.decode(loaded.encode(text)) == text
+  assert loaded.train_sha256 == tokenizers.text_sha256(text)
 
 
 def test_tokenizers_built_from_merges_or_vocab_record_no_train_text(tmp_path):
