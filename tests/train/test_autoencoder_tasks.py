@@ -149,6 +149,10 @@ def test_each_task_refuses_the_other_family_of_model():
     (dict(noise_level=0.1), 'task.corruption'),
     (dict(sparsity_target=0.0), 'sparsity_target'),
     (dict(sparsity_weight=-1.0), 'sparsity_weight'),
+    (dict(contraction_weight=float('inf')), 'contraction_weight'),
+    # A zero or NaN scale trained on blank or NaN pixels without a word.
+    (dict(input_scale=0.0), 'input_scale must be a finite positive number, got 0.0'),
+    (dict(input_scale=float('nan')), 'input_scale must be a finite positive number, got nan'),
     (dict(reconstruction='l1'), 'bernoulli, squared_error'),
 ])
 def test_autoencoder_options_are_checked(options, expected):

@@ -150,6 +150,14 @@ def test_normalisation_options_are_checked():
   assert '3 values' in message and '1 channels' in message
 
 
+@pytest.mark.parametrize('scale', [0.0, -1.0, float('nan'), float('inf'), True])
+def test_classification_refuses_an_input_scale_that_is_not_a_finite_positive_number(scale):
+  # NaN trained to a NaN loss, and 0 on blank inputs, without a word.
+  message = one_sentence(lambda: tasks.build('classification', {'num_classes': 3},
+                                             input_scale=scale))
+  assert f'task.input_scale must be a finite positive number, got {scale!r}' in message
+
+
 def test_classification_scales_the_input_and_scores_soft_labels_by_their_heaviest_class():
   task = tasks.build('classification', {'num_classes': 3}, input_key='pixels', input_scale=1 / 255)
   batch = task.preprocess({'pixels': np.array([[0, 51, 255]], np.uint8), 'label': np.array([2])})

@@ -138,10 +138,13 @@ class Autoencoding(base.Task):
     rho = self.sparsity_target
     if not (isinstance(rho, (int, float)) and 0 < rho < 1):
       raise ValueError(f'task.sparsity_target must lie in (0, 1), got {rho!r}.')
-    for option in ('sparsity_weight', 'contraction_weight', 'input_scale'):
+    for option in ('sparsity_weight', 'contraction_weight'):
       value = getattr(self, option)
-      if not (isinstance(value, (int, float)) and value >= 0):
-        raise ValueError(f'task.{option} must be a non-negative number, got {value!r}.')
+      if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+        raise ValueError(f'task.{option} must be a finite non-negative number, got {value!r}.')
+    scale = self.input_scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+      raise ValueError(f'task.input_scale must be a finite positive number, got {scale!r}.')
 
   def preprocess(self, records):
     return {'input': np.asarray(records[self.input_key], np.float32) * np.float32(self.input_scale)}

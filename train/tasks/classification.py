@@ -1,6 +1,7 @@
 """Classification: softmax cross-entropy over class logits, with accuracy."""
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -38,6 +39,9 @@ class Classification(base.Task):
   augment: Any = ()
 
   def validate(self):
+    scale = self.input_scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+      raise ValueError(f'task.input_scale must be a finite positive number, got {scale!r}.')
     mean, std = tuple(self.input_mean or ()), tuple(self.input_std or ())
     if len(mean) != len(std):
       raise ValueError(f'task.input_mean {mean!r} and task.input_std {std!r} must give one value '
