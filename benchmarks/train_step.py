@@ -1,7 +1,9 @@
 r"""Throughput of the train step (and of its input pipeline) for any experiment config.
 
   python benchmarks/train_step.py --config=experiments/configs/digits_mlp.py [--steps=200] \
-      [--dtypes=float32,bfloat16] [--sweep=model.unroll:1,4,16]
+      [--dtypes=float32,bfloat16]
+  python benchmarks/train_step.py --config=experiments/configs/shakespeare_char_lstm.py \
+      --sweep=model.unroll:1,4,16
 
 Prints steps/s and examples/s of the compiled train step in the config's
 parallel mode, the step's FLOPs from XLA's cost analysis, the achieved FLOP/s

@@ -242,8 +242,9 @@ def define_flags() -> None:
   flags.DEFINE_integer('num_steps', 24, 'Months forecast from each test origin.')
   flags.DEFINE_string('figure', None, 'PNG to write (default: <workdir>/forecast.png).')
   flags.DEFINE_bool('allow_config_change', False, 'Resume the checkpoints of --workdir although '
-                    'the config differs from the one that wrote them (beyond step counts and '
-                    'log/eval/checkpoint intervals).')
+                    'the config differs from the one that wrote them beyond what a resume takes '
+                    'as it is (step counts, intervals, checkpoints_to_keep, max_bad_steps, '
+                    'profile_steps, parallel settings, data paths and reader threads).')
 
 
 def main(argv):

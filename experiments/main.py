@@ -35,7 +35,9 @@ _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in a mul
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process in a multi-process run.')
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     'allow_config_change', False, 'Resume the checkpoints of --workdir although the config '
-    'differs from the one that wrote them (beyond step counts and log/eval/checkpoint intervals).')
+    'differs from the one that wrote them beyond what a resume takes as it is (step counts, '
+    'intervals, checkpoints_to_keep, max_bad_steps, profile_steps, parallel settings, data paths '
+    'and reader threads).')
 
 
 def main(argv):
