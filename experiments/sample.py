@@ -40,6 +40,13 @@ def sample(workdir: str, prompt: str, *, num_tokens: int, temperature: float, to
   from models import registry
   from train import checkpoint, loop, sampling
 
+  # The sampling flags before the run is read (`sampling.check_options` checks them again).
+  if not 0 <= temperature < float('inf'):
+    raise ValueError(f'--temperature must be a finite number >= 0 (0 is greedy), got {temperature}.')
+  if top_k < 0:
+    raise ValueError(f'--top_k must be >= 0 (0 keeps every token), got {top_k}.')
+  if not 0 < top_p <= 1:
+    raise ValueError(f'--top_p must lie in (0, 1] (1 keeps every token), got {top_p}.')
   config = loop.read_config(workdir)
   task = config.task.get('name')
   if task != 'language_model':

@@ -214,3 +214,15 @@ def test_sampling_refuses_a_seed_outside_32_bits(seed, tmp_path):
   assert _sample_error(f'--workdir={tmp_path}', '--prompt=ROMEO:', '--num_tokens=4',
                        f'--seed={seed}') == (
       f'error: --seed must lie in [0, 2**32), the seeds of distinct samples, got {seed}.')
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--temperature=-1', '--temperature must be a finite number >= 0 (0 is greedy), got -1.0.'),
+    ('--temperature=nan', '--temperature must be a finite number >= 0 (0 is greedy), got nan.'),
+    ('--top_k=-2', '--top_k must be >= 0 (0 keeps every token), got -2.'),
+    ('--top_p=0', '--top_p must lie in (0, 1] (1 keeps every token), got 0.0.'),
+])
+def test_sampling_flags_are_checked_before_the_run_is_read(flag, message, tmp_path):
+  # They were checked only once the checkpoint had been restored, and named without `--`. The
+  # work directory here holds nothing: the flag is what is refused.
+  assert _sample_error(f'--workdir={tmp_path}', flag) == f'error: {message}'
