@@ -132,9 +132,11 @@ def load_config_files_with(flag_name: str = 'config') -> None:
   flags.FLAGS[flag_name].parser = ConfigFileParser(flag_name)
 
 
-def parse_flags(argv: list[str], *, doc: str, needs_workdir: bool = True) -> list[str]:
+def parse_flags(argv: list[str], *, doc: str, needs_workdir: bool = True,
+                example: str = 'digits_mlp') -> list[str]:
   """absl's flag parsing, with `--help` exiting 0 and every wrong input one `error:` line;
-  `--config` is required, and `--workdir` unless `needs_workdir` is False (a benchmark)."""
+  `--config` is required, and `--workdir` unless `needs_workdir` is False (a benchmark).
+  `example` names the config (and work directory) a missing flag's sentence suggests."""
   before_separator = argv[1:argv.index('--')] if '--' in argv else argv[1:]
   help_args = [arg for arg in before_separator if arg in _HELP_ARGS]
   if help_args:
@@ -155,10 +157,10 @@ def parse_flags(argv: list[str], *, doc: str, needs_workdir: bool = True) -> lis
                'e.g. --config.seed=1 (see --help).')
   if flags.FLAGS['config'].value is None:
     _exit_with(_missing('--config', 'the experiment config file, e.g. '
-                        '--config=experiments/configs/digits_mlp.py'))
+                        f'--config=experiments/configs/{example}.py'))
   if needs_workdir and not flags.FLAGS['workdir'].value:
     _exit_with(_missing('--workdir', 'the directory for checkpoints, logs and metrics, e.g. '
-                        '--workdir=workdirs/digits_mlp'))
+                        f'--workdir=workdirs/{example}'))
   return rest
 
 

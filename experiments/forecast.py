@@ -258,4 +258,5 @@ def main(argv):
 if __name__ == '__main__':
   from experiments import command_line  # pylint: disable=g-import-not-at-top
   define_flags()
-  command_line.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__))
+  command_line.run(main, flags_parser=functools.partial(command_line.parse_flags, doc=__doc__,
+                                                             example='co2_forecast_shifted'))

@@ -200,3 +200,13 @@ def test_a_record_file_that_is_a_folder_stops_before_training(config, tmp_path, 
   assert str(info.value) == (f"error: '{workdir / forecast.OUTPUT_FILE}', the file the record is "
                              'appended to, is a folder.')
   assert os.listdir(workdir) == [forecast.OUTPUT_FILE]
+
+
+def test_a_missing_config_suggests_a_forecasting_config(tmp_path):
+  # It suggested digits_mlp.py, which this script refuses (the digits are not a series).
+  result = subprocess.run([sys.executable, '-m', 'experiments.forecast', f'--workdir={tmp_path}'],
+                          cwd=REPO_ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+                          capture_output=True, text=True, timeout=120)
+  assert result.stderr == ('error: --config is missing; give the experiment config file, e.g. '
+                           '--config=experiments/configs/co2_forecast_shifted.py.\n')
+  assert os.listdir(tmp_path) == []
