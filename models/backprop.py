@@ -66,6 +66,7 @@ def forward(layers: Layers, x_BxD: jnp.ndarray, activation: str | Callable = 're
   """
   phi = activations.get(activation)
   xs = [x_BxD.reshape(x_BxD.shape[0], -1)]
+  _check_widths_chain(layers, xs[0].shape[-1])
   zs = []
   for l, (w_DxH, b_H) in enumerate(layers):
     z_BxH = xs[-1] @ w_DxH + b_H
@@ -77,6 +78,19 @@ def forward(layers: Layers, x_BxD: jnp.ndarray, activation: str | Callable = 're
     else:
       xs.append(phi(z_BxH))
   return zs, xs
+
+
+def _check_widths_chain(layers: Layers, width: int) -> None:
+  """One sentence unless every W(l) is (inputs, outputs), reading the previous layer's outputs
+  (the input's `width` for W(1)), with a bias b(l) of its outputs."""
+  for l, (w, b) in enumerate(layers):
+    if jnp.ndim(w) != 2 or jnp.shape(w)[0] != width or jnp.shape(b) != jnp.shape(w)[1:]:
+      shapes = [tuple(jnp.shape(w)) for w, _ in layers]
+      raise ValueError(f'Layer {l} (kernel {tuple(jnp.shape(w))}, bias {tuple(jnp.shape(b))}) '
+                       f'does not read the {width} features before it (kernels {shapes}); '
+                       f'back-propagation takes plain MLP layers, each kernel (inputs, outputs), '
+                       f'not maxout ones.')
+    width = jnp.shape(w)[1]
 
 
 def backward(layers: Layers, zs: Sequence[jnp.ndarray], xs: Sequence[jnp.ndarray], delta_out_BxK: jnp.ndarray,

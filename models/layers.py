@@ -6,6 +6,7 @@ compute the published formulas (dropout: Srivastava et al. 2014, in its inverted
 form; layer norm: Ba et al. 2016; batch norm: Ioffe & Szegedy 2015).
 """
 
+import numbers
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -42,10 +43,10 @@ class Maxout(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxD: jnp.ndarray) -> jnp.ndarray:
-    if self.features < 1:
-      raise ValueError(f'Maxout features must be a positive integer, got {self.features}.')
-    if self.pieces < 1:
-      raise ValueError(f'Maxout pieces must be a positive integer, got {self.pieces}.')
+    for option in ('features', 'pieces'):
+      value = getattr(self, option)
+      if not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f'Maxout {option} must be a positive integer, got {value!r}.')
     z_BxHK = nn.Dense(self.features * self.pieces)(x_BxD)
     z_BxHxK = z_BxHK.reshape(*z_BxHK.shape[:-1], self.features, self.pieces)
     return jnp.max(z_BxHxK, axis=-1)

@@ -46,14 +46,17 @@ class MLP(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxD: jnp.ndarray, *, train: bool = False) -> jnp.ndarray:
+    if isinstance(self.features, str) or not isinstance(self.features, Sequence):
+      raise ValueError(f'MLP features must be a sequence of layer widths, the last one the output '
+                       f'width, got {self.features!r}.')
     if not self.features:
       raise ValueError('MLP features must name at least the output width, got an empty sequence.')
     # numbers.Integral takes NumPy integers (a width from np.arange) too, but not True or False.
     if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w > 0
                for w in self.features):
       raise ValueError(f'MLP features must be positive integers, got {tuple(self.features)}.')
-    if not 0 <= self.dropout_rate < 1:
-      raise ValueError(f'MLP dropout_rate must lie in [0, 1), got {self.dropout_rate}.')
+    if not (isinstance(self.dropout_rate, numbers.Real) and 0 <= self.dropout_rate < 1):
+      raise ValueError(f'MLP dropout_rate must lie in [0, 1), got {self.dropout_rate!r}.')
     if self.batch_norm and self.layer_norm:
       raise ValueError('MLP takes batch_norm or layer_norm, not both.')
     pieces = activations.maxout_pieces(self.activation)

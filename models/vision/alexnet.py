@@ -1,6 +1,8 @@
 """AlexNet, Krizhevsky, Sutskever & Hinton 2012, "ImageNet Classification with Deep
 Convolutional Neural Networks" (NeurIPS), §3 and Fig. 2, scaled for 28–64-pixel images."""
 
+import math
+import numbers
 from typing import Any
 
 import flax.linen as nn
@@ -48,10 +50,11 @@ class AlexNet(nn.Module):
   def __post_init__(self):
     if not isinstance(self.num_classes, int) or self.num_classes < 1:
       raise ValueError(f'AlexNet num_classes must be a positive integer, got {self.num_classes!r}.')
-    if not isinstance(self.width_multiplier, (int, float)) or self.width_multiplier <= 0:
+    if (not isinstance(self.width_multiplier, (int, float))
+        or not math.isfinite(self.width_multiplier) or self.width_multiplier <= 0):
       raise ValueError(f'AlexNet width_multiplier must be a positive number, got {self.width_multiplier!r}.')
-    if not 0 <= self.dropout_rate < 1:
-      raise ValueError(f'AlexNet dropout_rate must lie in [0, 1), got {self.dropout_rate}.')
+    if not (isinstance(self.dropout_rate, numbers.Real) and 0 <= self.dropout_rate < 1):
+      raise ValueError(f'AlexNet dropout_rate must lie in [0, 1), got {self.dropout_rate!r}.')
     super().__post_init__()
 
   def _width(self, features: int) -> int:
@@ -69,7 +72,17 @@ class AlexNet(nn.Module):
     h = pool(nn.relu(conv(CONV_FEATURES[1], 5)(h)))
     for features in CONV_FEATURES[2:]:
       h = nn.relu(conv(features, 3)(h))
-    h_BxF = pool(h).reshape(x_BxHxWxC.shape[0], -1)
+    h = pool(h)
+    h_BxF = h.reshape(x_BxHxWxC.shape[0], -1)
+    if self.has_variable('params', 'Dense_0'):
+      # The first dense layer has one row per feature of the map the images of `init` gave.
+      rows = nn.unbox(self.get_variable('params', 'Dense_0'))['kernel'].shape[0]
+      if rows != h_BxF.shape[-1]:
+        height, width = x_BxHxWxC.shape[1:3]
+        raise ValueError(f'AlexNet image size {height}×{width} gives a '
+                         f'{h.shape[1]}×{h.shape[2]}×{h.shape[3]} map ({h_BxF.shape[-1]} '
+                         f'features) before the dense layers, but they were made for {rows} at '
+                         f'init; give images of the size it was initialised with.')
     for features in DENSE_FEATURES:
       h_BxF = nn.Dropout(self.dropout_rate, deterministic=not train)(h_BxF)
       h_BxF = nn.relu(nn.Dense(self._width(features), dtype=self.dtype, param_dtype=jnp.float32)(h_BxF))

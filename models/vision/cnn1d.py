@@ -10,10 +10,13 @@ deep learning", MNIST-1D): three convolutions of 25 channels, kernels 5, 3, 3,
 stride 2 and padding 1, so a length-40 signal becomes 19, 10 and then 5 positions.
 """
 
+import numbers
 from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
+
+from models import layers as layers_lib
 
 POOLINGS = ('flatten', 'mean', 'max')
 
@@ -47,6 +50,11 @@ class CNN1D(nn.Module):
   dtype: Any = jnp.float32
 
   def __post_init__(self):
+    for name in ('channels', 'kernel_sizes', 'strides'):
+      values = getattr(self, name)
+      if isinstance(values, str) or not isinstance(values, Sequence):
+        raise ValueError(f'CNN1D {name} must be a sequence with one integer per convolution, '
+                         f'got {values!r}.')
     layers = len(self.channels)
     if not layers or len(self.kernel_sizes) != layers or len(self.strides) != layers:
       raise ValueError(f'CNN1D needs as many kernel_sizes and strides as channels, got '
@@ -59,7 +67,7 @@ class CNN1D(nn.Module):
       raise ValueError(f'CNN1D padding must be an integer >= 0, got {self.padding!r}.')
     if self.pooling not in POOLINGS:
       raise ValueError(f'Unknown CNN1D pooling {self.pooling!r}; allowed: {", ".join(POOLINGS)}.')
-    if not 0 <= self.dropout_rate < 1:
+    if not (isinstance(self.dropout_rate, numbers.Real) and 0 <= self.dropout_rate < 1):
       raise ValueError(f'CNN1D dropout_rate must lie in [0, 1), got {self.dropout_rate!r}.')
     super().__post_init__()
 
@@ -69,6 +77,7 @@ class CNN1D(nn.Module):
       raise ValueError(f'CNN1D needs sequences of shape (B, T) or (B, T, C), got shape '
                        f'{x_BxT.shape}.')
     h_BxTxC = x_BxT.reshape(x_BxT.shape[0], -1, 1) if x_BxT.ndim == 2 else x_BxT
+    layers_lib.check_input_width(self, 'Conv_0', h_BxTxC.shape[-1], 'CNN1D')
     for features, kernel, stride in zip(self.channels, self.kernel_sizes, self.strides):
       h_BxTxC = nn.Conv(features, (kernel,), strides=(stride,), padding=((self.padding, self.padding),),
                         use_bias=not self.batch_norm, dtype=self.dtype, param_dtype=jnp.float32)(h_BxTxC)
@@ -88,6 +97,14 @@ class CNN1D(nn.Module):
       z_BxD = h_BxTxC.mean(axis=1)
     else:
       z_BxD = h_BxTxC.max(axis=1)
+    if self.has_variable('params', 'Dense_0'):
+      # Flattened, the head has one row per position and channel of the inputs of `init`.
+      rows = nn.unbox(self.get_variable('params', 'Dense_0'))['kernel'].shape[0]
+      if rows != z_BxD.shape[-1]:
+        raise ValueError(f'CNN1D: an input of length {x_BxT.shape[1]} leaves {h_BxTxC.shape[1]} '
+                         f'positions of {h_BxTxC.shape[2]} channels ({z_BxD.shape[-1]} features) '
+                         f'for the head, but it was made for {rows} at init; give inputs of the '
+                         f'length it was initialised with.')
     if self.dropout_rate > 0:
       z_BxD = nn.Dropout(self.dropout_rate, deterministic=not train)(z_BxD)
     logits = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=jnp.float32)(z_BxD)

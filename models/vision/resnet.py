@@ -130,7 +130,8 @@ class ResNet(nn.Module):
         raise ValueError(f'{name} {option} must be a positive integer, got {value!r}.')
     for option in ('stage_sizes', 'stage_widths'):
       value = getattr(self, option)
-      if not value or not all(isinstance(v, int) and v >= 1 for v in value):
+      if (isinstance(value, str) or not isinstance(value, Sequence) or not value
+          or not all(isinstance(v, int) and v >= 1 for v in value)):
         raise ValueError(f'{name} {option} must be a non-empty sequence of positive integers, got {value!r}.')
     if len(self.stage_sizes) != len(self.stage_widths):
       raise ValueError(f'{name} needs one width per stage, got stage_sizes={tuple(self.stage_sizes)} '

@@ -48,7 +48,9 @@ class ViT(nn.Module):
     attention: the self-attention's kind (models/attention/kinds.py), default 'exact';
       'linformer' then takes images of at most as many patches as those `init` saw.
     attention_options: that kind's options, e.g. {'num_features': 128} for 'performer'.
-    dropout_rate: dropout on z_0 and after every sub-layer (App. B.1).
+    dropout_rate: dropout on z_0 and on the output of every sub-layer (MSA and MLP) before
+      its residual sum; App. B.1 also drops the MLP's hidden units (dropout after every dense
+      layer but the qkv projections), which this encoder does not.
     use_bias: biases in the projections and LayerNorms.
     dtype: compute dtype; parameters, LayerNorms and logits are float32.
   """

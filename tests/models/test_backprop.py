@@ -147,6 +147,22 @@ def test_params_of_an_mlp_with_normalisation_are_rejected():
     backprop.layers_from_mlp_params(variables)
 
 
+def test_layers_whose_widths_do_not_chain_are_one_sentence():
+  # A maxout MLP's Dense_0 is width · k wide, so its kernels do not chain; they, and inputs
+  # of another width than W(1) reads, failed in a matrix product (TypeError of dot_general).
+  x_Bx5, labels_B = jnp.ones((2, 5)), jnp.array([0, 1])
+  variables = MLP((4, 3), activation='maxout(2)').init(jax.random.key(0), x_Bx5)
+  one_sentence(lambda: backprop.value_and_grad(variables, x_Bx5, labels_B, loss='cross_entropy'),
+               'Layer 1 (kernel (4, 3), bias (3,)) does not read the 8 features before it',
+               '[(5, 8), (4, 3)]', 'not maxout ones')
+  layers = _random_layers((5, 4, 3), 0)
+  one_sentence(lambda: backprop.value_and_grad(layers, jnp.ones((2, 6)), labels_B,
+                                               loss='cross_entropy'),
+               'Layer 0 (kernel (5, 4), bias (4,)) does not read the 6 features before it')
+  cost, _ = backprop.value_and_grad(layers, x_Bx5, labels_B, loss='cross_entropy')
+  assert np.isfinite(cost)
+
+
 def test_unknown_loss_is_rejected():
   with pytest.raises(ValueError, match="'hinge'"):
     backprop.value_and_grad(_random_layers((2, 2), 0), jnp.ones((1, 2)), jnp.ones((1, 2)), loss='hinge')

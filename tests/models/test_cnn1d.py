@@ -134,6 +134,14 @@ def test_dropout_acts_only_in_training_and_rescales_the_kept_features():
     (dict(padding=-1), 'padding must be an integer >= 0'),
     (dict(pooling='avg'), "Unknown CNN1D pooling 'avg'"),
     (dict(dropout_rate=1.0), r'dropout_rate must lie in \[0, 1\)'),
+    # A dropout rate that is no number failed comparing it with 0 (TypeError); a width or kernel
+    # size given as one integer instead of one per convolution failed in len() (TypeError).
+    (dict(dropout_rate='0.1'), r"dropout_rate must lie in \[0, 1\), got '0.1'"),
+    (dict(dropout_rate=None), r'dropout_rate must lie in \[0, 1\), got None'),
+    (dict(channels=25),
+     'CNN1D channels must be a sequence with one integer per convolution, got 25'),
+    (dict(kernel_sizes=3),
+     'CNN1D kernel_sizes must be a sequence with one integer per convolution, got 3'),
 ])
 def test_bad_options_are_one_sentence(options, fragment):
   with pytest.raises(ValueError, match=fragment) as info:
@@ -152,3 +160,26 @@ def test_an_input_the_convolutions_shrink_to_nothing_is_refused(pooling):
     model.init(jax.random.PRNGKey(0), jnp.zeros((2, 4)))
   assert '\n' not in str(info.value)
   model.init(jax.random.PRNGKey(0), jnp.zeros((2, 7)))  # 7 → 3 → 1 position: accepted
+
+
+def test_inputs_of_another_length_or_channel_count_than_at_init_are_one_sentence():
+  # Flattened, the head has a row per position and channel of the inputs of init (5 · 4 = 20
+  # for length 40); Flax refused other lengths and channel counts on a kernel's shape
+  # (ScopeParamShapeError). Mean pooling takes any length.
+  model = CNN1D(num_classes=3, channels=(4, 4), kernel_sizes=(5, 3), strides=(2, 4))
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((2, 40))))
+  assert variables['params']['Dense_0']['kernel'].shape == (20, 3)
+  with pytest.raises(ValueError) as info:  # 60 → 29 → 8 positions
+    jax.eval_shape(lambda v: model.apply(v, jnp.zeros((2, 60))), variables)
+  assert str(info.value).splitlines()[0] == (
+      'CNN1D: an input of length 60 leaves 8 positions of 4 channels (32 features) for the head, '
+      'but it was made for 20 at init; give inputs of the length it was initialised with.')
+  with pytest.raises(ValueError) as info:
+    jax.eval_shape(lambda v: model.apply(v, jnp.zeros((2, 40, 3))), variables)
+  assert str(info.value).splitlines()[0] == (
+      'CNN1D was initialised on inputs of 1 channels, got inputs of 3; give it inputs like those '
+      'of init.')
+  assert jax.eval_shape(lambda v: model.apply(v, jnp.zeros((2, 40, 1))), variables).shape == (2, 3)
+  mean = CNN1D(num_classes=3, channels=(4, 4), kernel_sizes=(5, 3), strides=(2, 4), pooling='mean')
+  variables = jax.eval_shape(lambda: mean.init(jax.random.PRNGKey(0), jnp.zeros((2, 40))))
+  assert jax.eval_shape(lambda v: mean.apply(v, jnp.zeros((2, 60))), variables).shape == (2, 3)

@@ -57,7 +57,8 @@ def test_maxout_generalises_relu_and_leaky_relu(alpha):
   np.testing.assert_allclose(layers.Maxout(1, 2).apply(params, x_BxD), np.maximum(z, alpha * z), **TOL)
 
 
-@pytest.mark.parametrize('features,pieces', [(0, 2), (3, 0)])
+# A fractional size failed on the Dense layer's shape (TypeError).
+@pytest.mark.parametrize('features,pieces', [(0, 2), (3, 0), (2.5, 2), (3, 1.5)])
 def test_maxout_rejects_empty_sizes(features, pieces):
   with pytest.raises(ValueError, match='positive integer'):
     layers.Maxout(features, pieces).init(jax.random.key(0), jnp.ones((1, 2)))
@@ -276,6 +277,8 @@ def test_cross_device_batch_norm_equals_full_batch_batch_norm():
      'ResNet20 was initialised on inputs of 3 channels, got inputs of 1'),
     ('vit', {'patch_size': 4, 'num_layers': 1, 'features': 8, 'num_heads': 2}, (1, 8, 8, 1),
      (1, 8, 8, 3), 'ViT was initialised on inputs of 1 channels, got inputs of 3'),
+    ('cnn1d', {}, (1, 40, 1), (1, 40, 3),
+     'CNN1D was initialised on inputs of 1 channels, got inputs of 3'),
     ('mlp', {'features': (8, 10)}, (1, 8, 8, 1), (1, 8, 8, 3),
      r'MLP was initialised on inputs of 64 features \(after flattening\), got inputs of 192'),
 ])

@@ -181,6 +181,12 @@ def test_numpy_integer_widths_are_widths():
     (dict(features=(3, 2), dropout_rate=1.0), 'dropout_rate must lie in'),
     (dict(features=(3, 2), batch_norm=True, layer_norm=True), 'not both'),
     (dict(features=(3, 2), activation='swish'), "'swish'"),
+    # One integer for the widths failed iterating over it, a dropout rate that is no number
+    # comparing it with 0 (TypeError both).
+    (dict(features=10), r'features must be a sequence of layer widths, the last one the output '
+                        r'width, got 10\.'),
+    (dict(features=(3, 2), dropout_rate='0.1'), r"dropout_rate must lie in \[0, 1\), got '0.1'"),
+    (dict(features=(3, 2), dropout_rate=None), r'dropout_rate must lie in \[0, 1\), got None'),
 ])
 def test_bad_configuration_is_rejected(kwargs, message):
   with pytest.raises(ValueError, match=message):

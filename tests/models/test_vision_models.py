@@ -209,6 +209,22 @@ def test_alexnet_matches_numpy_forward_pass(input_shape, width_multiplier):
   np.testing.assert_allclose(logits_BxK, expected_BxK, rtol=0, atol=1e-6)
 
 
+def test_alexnet_given_images_of_another_size_than_at_init_is_one_sentence():
+  # 28- and 32-pixel images both reach the dense layers as a 4×4 map; a 64-pixel one as 8×8,
+  # which Flax refused on Dense_0's kernel shape (ScopeParamShapeError).
+  model = AlexNet(10, width_multiplier=0.125)
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1))))
+  logits = jax.eval_shape(lambda v: model.apply(v, jnp.zeros((2, 32, 32, 1))), variables)
+  assert logits.shape == (2, 10)
+  message = ('AlexNet image size 64×64 gives a 8×8×32 map (2048 features) before the dense '
+             'layers, but they were made for 512 at init; give images of the size it was '
+             'initialised with.')
+  # Raised while tracing; JAX appends a note on its own lines.
+  with pytest.raises(ValueError) as error:
+    jax.eval_shape(lambda v: model.apply(v, jnp.zeros((2, 64, 64, 1))), variables)
+  assert str(error.value).splitlines()[0] == message
+
+
 # ----------------------------------------------------------------------------- ResNet
 
 
@@ -493,6 +509,18 @@ def test_bfloat16_compute_keeps_float32_params_and_logits(name, options, input_s
     ('lenet5', {'padding': -1}, 'LeNet5 padding must be a non-negative integer, got -1.'),
     ('alexnet', {'width_multiplier': 0}, 'AlexNet width_multiplier must be a positive number, got 0.'),
     ('alexnet', {'dropout_rate': 1.0}, r'AlexNet dropout_rate must lie in \[0, 1\), got 1.0.'),
+    # A NaN or infinite width multiplier failed in round() (cannot convert float NaN to
+    # integer), a dropout rate given as a string in the comparison with 0 (TypeError).
+    ('alexnet', {'width_multiplier': float('nan')},
+     'AlexNet width_multiplier must be a positive number, got nan.'),
+    ('alexnet', {'width_multiplier': float('inf')},
+     'AlexNet width_multiplier must be a positive number, got inf.'),
+    ('alexnet', {'dropout_rate': '0.5'}, r"AlexNet dropout_rate must lie in \[0, 1\), got '0.5'."),
+    # A number of blocks instead of one per stage failed iterating over an int.
+    ('resnet18', {'stage_sizes': 2},
+     'ResNet18 stage_sizes must be a non-empty sequence of positive integers, got 2.'),
+    ('resnet20', {'stage_widths': 16},
+     'ResNet20 stage_widths must be a non-empty sequence of positive integers, got 16.'),
     ('resnet18', {'block': 'wide'}, "ResNet18 block must be one of basic, bottleneck, got 'wide'."),
     ('resnet20', {'shortcut': 'C'}, "ResNet20 shortcut must be one of A, B, got 'C'."),
     ('resnet34', {'stage_sizes': [3, 0, 6, 3]},
