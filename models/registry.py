@@ -80,7 +80,9 @@ def build(name: str, batch_norm_axis_name: str | None = None,
                        f'{key} is {value!r}; leave it out to take the data\'s.')
   num_classes = (data_defaults or {}).get('num_classes')
   features = options.get('features')
-  if cls is MLP and num_classes is not None and features and features[-1] != num_classes:
+  # (A features that is no tuple is left to the MLP's own sentence.)
+  if (cls is MLP and num_classes is not None and isinstance(features, tuple) and features
+      and features[-1] != num_classes):
     # The MLP has no num_classes option: its last width is the number of logits.
     raise ValueError(f'config.model.features={features!r} ends in {features[-1]!r}, the number of '
                      f'logits, but the data has {num_classes} classes; make its last entry '

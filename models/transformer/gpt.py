@@ -9,6 +9,7 @@ Position t sees tokens ≤ t, so logits_t parameterises p(x_{t+1} | x_≤t). Wit
 collection (train/sampling.py's protocol): generation reads one token per step.
 """
 
+import numbers
 from typing import Any
 
 import flax.linen as nn
@@ -39,8 +40,8 @@ def check_transformer_options(name: str, module, vocab_size: int | None = None,
   if module.positions == 'rotary' and (module.features // module.num_heads) % 2:
     raise ValueError(f'{name} rotary positions need an even head width, got '
                      f'{module.features // module.num_heads}.')
-  if not 0 <= module.dropout_rate < 1:
-    raise ValueError(f'{name} dropout_rate must lie in [0, 1), got {module.dropout_rate}.')
+  if not (isinstance(module.dropout_rate, numbers.Real) and 0 <= module.dropout_rate < 1):
+    raise ValueError(f'{name} dropout_rate must lie in [0, 1), got {module.dropout_rate!r}.')
   if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size < 1):
     raise ValueError(f'{name} vocab_size must be a positive integer, got {vocab_size!r}.')
   kinds.check(name, getattr(module, 'attention', 'exact'), getattr(module, 'attention_options', ()),

@@ -314,6 +314,7 @@ def test_registry_builds_it_with_its_options_and_float32_parameters():
     (dict(features=30), 'features=30 must be divisible by num_heads=4'),
     (dict(positions='relative'), "positions='relative'"),
     (dict(dropout_rate=1.0), 'dropout_rate must lie in'),
+    (dict(dropout_rate=None), r'dropout_rate must lie in \[0, 1\), got None'),  # was a TypeError
     (dict(num_layers=0), 'num_layers must be a positive integer, got 0'),
     (dict(source_vocab_size=0), 'source_vocab_size must be None'),
 ])

@@ -200,6 +200,11 @@ def test_registry_refuses_an_mlp_whose_output_width_is_not_the_number_of_classes
   assert model.features == (32, 10)
   with pytest.raises(ValueError, match=r'features=\(32, 5\) ends in 5, .* the data has 10 classes'):
     registry.build('mlp', None, {'num_classes': 10}, features=[32, 5])
+  # A single width, not a sequence: the MLP's own sentence (the check above indexed it and
+  # raised a TypeError).
+  model = registry.build('mlp', None, {'num_classes': 10}, features=10)
+  with pytest.raises(ValueError, match='MLP features must be a sequence of layer widths'):
+    jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4))))
 
 
 @pytest.mark.parametrize('dtype', ['float16', 'half', 'float64', 'int8'])
