@@ -207,3 +207,15 @@ def test_permutation_p_value_counts_the_observed_labelling(statistic):
   y = x + 10.0
   _, p_value = langevin.two_sample_test(x, y, jax.random.PRNGKey(0), 19, statistic=statistic)
   np.testing.assert_allclose(p_value, 0.05, rtol=1e-6)
+
+
+@pytest.mark.parametrize('statistic', ['energy', 'mmd'])
+def test_permutations_that_tie_the_observed_statistic_count_toward_p(statistic):
+  # Every point equal: every labelling gives D = 0 exactly, so each of the 19 permutations
+  # reaches the observed D and p = (1 + 19)/(1 + 19) = 1. Counting only D_π > D gave
+  # p = 1/20, rejecting identical samples.
+  x = jnp.full((6, 2), 0.3, jnp.float32)
+  statistic_value, p_value = langevin.two_sample_test(x, x[:4], jax.random.PRNGKey(0), 19,
+                                                      statistic=statistic)
+  assert statistic_value == 0.0
+  np.testing.assert_allclose(p_value, 1.0, rtol=1e-6)

@@ -215,6 +215,18 @@ def test_a_denoising_autoencoder_reconstructs_the_clean_image_from_the_corrupted
   np.testing.assert_allclose(totals['loss'], cross_entropy, rtol=1e-5)
 
 
+def test_mean_code_is_each_examples_mean_activation_over_code_units(contractive):
+  # 'mean_code' per example is (1/K) Σ_j h_j, the quantity the sparsity target ρ aims at;
+  # a sum over units reported K = 5 times that.
+  model, params = contractive
+  task = tasks.build('autoencoder')
+  x = images(B)
+  totals = _totals(task.loss(_bind(model, params), {'input': x}))
+  h = np.asarray(model.apply({'params': params}, x)[1], np.float64)
+  assert h.shape == (B, 5)
+  np.testing.assert_allclose(totals['mean_code'], h.mean(axis=1), rtol=1e-6)
+
+
 # VAE ---------------------------------------------------------------------------------------
 
 
@@ -385,6 +397,18 @@ def test_dequantised_gaussian_decoder_reports_bits_per_dimension():
   # Without dequantisation the density is not one on the bins: no bits per dimension.
   reported = jax.eval_shape(lambda: tasks.build('vae', iwae_samples=3).eval_metrics(
       model, {'input': pixels / 255}))
+  assert sorted(reported) == ['elbo', 'iwae', 'kl', 'loss', 'reconstruction']
+
+
+def test_a_bernoulli_decoder_reports_no_bits_per_dimension_on_dequantised_data(bernoulli_vae):
+  # Bits per dimension need a density on [0, 1]^D; Bernoulli logits give a probability of
+  # soft targets, not a density, so dequantised inputs add no bits per dimension for it.
+  model, params = bernoulli_vae
+  task = tasks.build('vae', dequantize=True, iwae_samples=2)
+  pixels = jnp.asarray(np.random.default_rng(7).integers(0, 256, size=(B,) + SHAPE), jnp.float32)
+  rngs = {'dequantize': jax.random.PRNGKey(0), 'latent': jax.random.PRNGKey(1)}
+  reported = jax.eval_shape(lambda: task.eval_metrics(
+      _bind(model, params, rngs), task.transform(rngs, {'input': pixels}, False)))
   assert sorted(reported) == ['elbo', 'iwae', 'kl', 'loss', 'reconstruction']
 
 
