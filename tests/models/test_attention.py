@@ -425,6 +425,21 @@ def test_multi_head_attention_cache_refuses_to_run_past_its_end():
   assert np.isfinite(filled).all()
 
 
+def test_one_decoding_call_of_exactly_the_cache_length_fills_it():
+  """A prompt as long as the cache, written in one call (steps = L), is accepted and equals the
+  full causal pass: only steps > L exceed the cache (a `>=` there refused a whole-cache
+  prefill)."""
+  module = core.MultiHeadAttention(2)
+  x = draw((2, 4, 8), 25)
+  params = random_params(module, 26, x, causal=True)
+  cache = module.init(jax.random.PRNGKey(0), x, causal=True, decode=True)['cache']
+  out, mutated = module.apply({'params': params, 'cache': cache}, x, causal=True, decode=True,
+                              mutable=['cache'])
+  full = module.apply({'params': params}, x, causal=True)
+  np.testing.assert_allclose(out, full, rtol=1e-5, atol=1e-5)
+  assert int(mutated['cache']['cache_index']) == 4
+
+
 def test_projection_kernels_are_lecun_normal_over_their_whole_fan_in():
   """Var(W) = 1/fan_in with the fan-in of the matrix the kernel stands for: D for the [D, N, H]
   query/key/value kernels (not N·D, what lecun_normal's default axes, in = −2 and out = −1,

@@ -223,6 +223,9 @@ def test_learned_positions_beyond_max_length_raise_and_sinusoidal_extrapolate():
     (dict(num_layers=0), 'num_layers must be a positive integer, got 0'),
     (dict(dropout_rate=1.0), 'dropout_rate must lie in \\[0, 1\\), got 1.0'),
     (dict(vocab_size=0), 'vocab_size must be a positive integer, got 0'),
+    # Only mlp_dim may be None (the default 4·D); a None layer count is refused at
+    # construction, not left to fail inside the first call.
+    (dict(num_layers=None), 'num_layers must be a positive integer, got None'),
 ])
 def test_bad_options_raise_at_construction(options, message):
   with pytest.raises(ValueError, match=message):

@@ -220,3 +220,39 @@ def test_dropout_falls_on_the_sublayer_outputs_never_on_the_residual_path(pre_no
     for name in ('self_attention_norm', 'mlp_norm'):
       expected_BxTxD = reference_layer_norm(params[name], expected_BxTxD)
   np.testing.assert_allclose(out_BxTxD, expected_BxTxD, **TOL)
+
+
+# ---- options ---------------------------------------------------------------------------------
+
+def _parameter_paths(module, *args, **kwargs):
+  shapes = jax.eval_shape(lambda: nn.unbox(module.init(jax.random.PRNGKey(0), *args, **kwargs)))
+  return set(flax.traverse_util.flatten_dict(shapes['params']))
+
+
+def test_use_bias_false_leaves_no_bias_in_any_projection_or_layer_norm():
+  # use_bias=False reaches every sub-layer: a LayerNorm, the cross-attention or BERT's head
+  # transform built without it would keep a bias β or b (zero at init, then trained). BERT
+  # keeps only its output bias c, by design.
+  y_BxTxD, memory_BxSxD = draw((B, T, D), 3), draw((B, S, D), 4)
+  tokens_BxT = np.zeros((B, T), np.int32)
+  modules = {
+      'decoder block': (TransformerBlock(HEADS, MLP, causal=True, cross_attention=True,
+                                         use_bias=False), (y_BxTxD, memory_BxSxD)),
+      'gpt': (GPT(V, num_layers=1, features=D, num_heads=HEADS, max_length=MAX_LENGTH,
+                  tie_embeddings=False, use_bias=False), (tokens_BxT,)),
+      'bert': (BERT(V, num_segments=2, num_layers=1, features=D, num_heads=HEADS,
+                    max_length=MAX_LENGTH, pre_norm=True, use_bias=False), (tokens_BxT,)),
+  }
+  for name, (module, args) in modules.items():
+    paths = _parameter_paths(module, *args)
+    assert not [path for path in paths if path[-1] == 'bias'], name
+    norms = {path[:-1] for path in paths if len(path) > 1 and path[-2].endswith('norm')}
+    assert norms and all(norm + ('scale',) in paths for norm in norms), name
+    if name == 'bert':
+      assert ('output_bias',) in paths
+  # Control: with biases, every LayerNorm and projection of the decoder block has one.
+  with_bias = _parameter_paths(TransformerBlock(HEADS, MLP, causal=True, cross_attention=True),
+                               y_BxTxD, memory_BxSxD)
+  for layer in (('self_attention_norm',), ('cross_attention_norm',), ('mlp_norm',),
+                ('cross_attention', 'query'), ('cross_attention', 'out'), ('mlp', 'hidden')):
+    assert layer + ('bias',) in with_bias, layer

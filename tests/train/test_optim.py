@@ -95,6 +95,26 @@ def test_adam_first_step_is_lr_times_sign(name, eps):
   np.testing.assert_allclose(out, -0.01 * g / (jnp.abs(g) + eps), rtol=1e-5)
 
 
+@pytest.mark.parametrize('name', ['adam', 'adamw'])
+def test_adam_moments_follow_b1_and_b2_over_several_steps(name):
+  """Three steps with b1 = 0.5, b2 = 0.9 against Kingma & Ba's loop: m ← b1 m + (1 − b1) g,
+  v ← b2 v + (1 − b2) g², θ ← θ − η (m̂ / (√v̂ + ε) + λθ) with m̂ = m / (1 − b1^t),
+  v̂ = v / (1 − b2^t) (λ = 0 for 'adam'). The first step alone is −η g / (|g| + ε) whatever
+  b1 and b2 are, so swapped moment rates show only from the second step on."""
+  lr, b1, b2, eps, decay = 0.01, 0.5, 0.9, 1e-3, 0.1
+  rng = np.random.default_rng(4)
+  grads = [rng.normal(size=3).astype(np.float32) for _ in range(3)]
+  theta0 = np.array([1.0, -2.0, 0.5], np.float32)
+  out = _run(_config(name=name, learning_rate=lr, b1=b1, b2=b2, eps=eps, weight_decay=decay),
+             [jnp.asarray(g) for g in grads], jnp.asarray(theta0))
+  decay = decay if name == 'adamw' else 0.0
+  theta, m, v = theta0.astype(np.float64), np.zeros(3), np.zeros(3)
+  for t, g in enumerate(grads, start=1):
+    m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g.astype(np.float64) ** 2
+    theta = theta - lr * ((m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps) + decay * theta)
+  np.testing.assert_allclose(out, theta, rtol=1e-5, atol=1e-7)
+
+
 def test_clipping_by_global_norm():
   grads = {'a': jnp.array([3.0, 0.0]), 'b': jnp.array([[4.0]])}  # global norm 5
   params = jax.tree.map(jnp.zeros_like, grads)
