@@ -144,6 +144,26 @@ def test_in_memory_source_reads_across_chunk_boundaries(monkeypatch):
   np.testing.assert_array_equal(memory.arrays['label'], np.arange(30) % 3)
 
 
+class _BatchReadSource(list):
+  """A source answering `__getitems__` (as TFDS sources do), with no `gather`."""
+
+  def __getitems__(self, indices):
+    return [self[i] for i in indices]
+
+
+def test_a_source_read_through_getitems_keeps_the_order_of_the_indices():
+  # The records come back in the order asked for, not sorted: a shuffled batch stays shuffled
+  # and an evaluation batch's mask stays on its padding rows.
+  source = _BatchReadSource(_source(30))
+  batch = pipeline.read_batch(source, np.array([29, 0, 7, 7, 3]))
+  np.testing.assert_array_equal(batch['x'], [29, 0, 7, 7, 3])
+  np.testing.assert_array_equal(batch['label'], [2, 0, 1, 1, 0])
+  expected = _batches(pipeline.train_iterator(_source(30), global_batch_size=6, seed=4,
+                                              preprocess=_preprocess), 8)
+  assert _batches(pipeline.train_iterator(source, global_batch_size=6, seed=4,
+                                          preprocess=_preprocess), 8) == expected
+
+
 @pytest.mark.parametrize('process_index', [2, -1])
 def test_a_process_index_outside_the_process_count_is_refused(process_index):
   # Process 2 of 2 used to read a batch of 1 record instead of 2 (positions 2, 4, … of a

@@ -267,6 +267,15 @@ def test_seasonal_naive_baseline_by_hand():
     forecasting.seasonal_naive_forecast(history, 3)
 
 
+def test_seasonal_naive_needs_exactly_one_period_of_history():
+  # T = m values hold every season once: ŷ_{T+h} = x_{T+h−m}, the history repeated.
+  history = np.array([[1.0, 2.0, 3.0, 4.0]])
+  np.testing.assert_array_equal(forecasting.seasonal_naive_forecast(history, 6, period=4),
+                                [[1, 2, 3, 4, 1, 2]])
+  with pytest.raises(ValueError, match='needs at least 4 values of history, got 3'):
+    forecasting.seasonal_naive_forecast(history[:, 1:], 2, period=4)
+
+
 @pytest.mark.parametrize('period', [0, -4, 12.0, True])
 def test_seasonal_naive_period_that_is_not_a_positive_integer_is_one_sentence(period):
   # Period 0 "needed at least 0 values of history, got 24"; 12.0 was an IndexError.

@@ -190,6 +190,21 @@ def test_sampling_refuses_a_length_that_is_not_a_count(length):
     lm.sample(ids('ca'), length, np.random.default_rng(0))
   assert len(lm.sample(ids('ca'), np.int64(0), np.random.default_rng(0))) == 0
 
+
+def test_sampled_continuations_follow_the_model_s_probabilities():
+  # Each id is drawn from P(w | history), not taken as its argmax. With add-0, "a" is followed
+  # by "b" with probability 2/3 and by "c" with 1/3, and "b" and "c" always by "a".
+  lm = ngram.NGramModel(ids('abacab' * 20), vocab_size=5, order=2, smoothing='add_k', add_k=0.0)
+  drawn = lm.sample(ids('a'), 3000, np.random.default_rng(0))
+  chain = np.concatenate([ids('a'), drawn])
+  after_a = chain[1:][chain[:-1] == VOCAB.index('a')]
+  after_other = chain[1:][chain[:-1] != VOCAB.index('a')]
+  assert set(after_a.tolist()) == {VOCAB.index('b'), VOCAB.index('c')}
+  assert np.all(after_other == VOCAB.index('a'))
+  # 1500 draws after "a": the standard error of the share of "b" is about 0.012.
+  assert np.mean(after_a == VOCAB.index('b')) == pytest.approx(2 / 3, abs=0.05)
+
+
 def _english(rng: random.Random, sentences: int) -> str:
   subjects = ['the king', 'a young man', 'my lord', 'the queen', 'our good friend', 'this old house']
   verbs = ['loves', 'speaks to', 'remembers', 'follows', 'forgets', 'watches over']
@@ -254,6 +269,20 @@ def test_a_short_history_is_left_padded_with_before_the_text(smoothing):
     rows = np.tile(np.array(short, np.int64).reshape(1, -1), (5, 1))
     padded = np.tile(np.array([-1] * (3 - len(short)) + short).reshape(1, -1), (5, 1))
     np.testing.assert_array_equal(lm.log_prob(rows, targets), lm.log_prob(padded, targets))
+
+
+@pytest.mark.parametrize('order, smoothing', [(2, 'add_k'), (3, 'kneser_ney')])
+def test_a_history_longer_than_n_minus_1_uses_its_most_recent_ids(order, smoothing):
+  # Only the last n − 1 columns are the context, not the first n − 1: after "…ab" and after
+  # "…cb" the hand corpus continues differently.
+  lm = model(order, smoothing=smoothing)
+  targets = np.arange(5)
+  for text in ('cdab', 'dacb'):
+    long = np.tile(ids(text), (5, 1))
+    recent = np.tile(ids(text[-(order - 1):]), (5, 1))
+    np.testing.assert_array_equal(lm.log_prob(long, targets), lm.log_prob(recent, targets))
+  assert not np.allclose(lm.log_prob(np.tile(ids('cdab'), (5, 1)), targets),
+                         lm.log_prob(np.tile(ids('cd'[:order - 1]), (5, 1)), targets))
 
 
 @pytest.mark.parametrize('history_row, target, parts', [

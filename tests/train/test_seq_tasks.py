@@ -108,6 +108,29 @@ def test_target_names_of_another_class_count_are_refused_when_the_task_is_built(
   assert tasks.build('seq2seq', meta, target_names=tuple('abcdefghij'), **options).target_names
 
 
+def test_target_names_must_be_nonempty_printable_ascii():
+  # An empty name would train an EOS-only target, and DEL (127) is a token id past the 127
+  # logits of the character codes; the printable ends, space (32) and '~' (126), are names.
+  options = dict(source_key='image', source_length_key='', target_key='label',
+                 target_length_key='', max_target_length=4)
+  meta = {'features': ('image', 'label')}
+  for name in ('', 'a\x7f', 'a\x1f'):
+    with pytest.raises(ValueError) as info:
+      tasks.build('seq2seq', meta, target_names=('ok', name), **options)
+    assert str(info.value) == (f'task.target_names entry {name!r} must be 1 to '
+                               'max_target_length=4 printable ASCII characters.')
+  assert tasks.build('seq2seq', meta, target_names=(' ', '~~~~'), **options).target_names
+
+
+def test_a_negative_label_has_no_target_name():
+  # Label -1 would otherwise index the last name and train on it silently.
+  task = tasks.build('seq2seq', {'features': ('image', 'label')}, source_key='image',
+                     source_length_key='', target_key='label', target_length_key='',
+                     target_names=('zero', 'one'), max_target_length=4)
+  with pytest.raises(ValueError, match='has no entry in task.target_names'):
+    task.preprocess({'image': np.zeros((2, 2, 2)), 'label': np.array([0, -1])})
+
+
 class _CopyInput(nn.Module):
   """Position t predicts the decoder input it reads at t (the source is ignored)."""
 
@@ -190,6 +213,37 @@ def test_a_model_with_fewer_logits_than_character_codes_is_one_sentence():
       'gives 100 logits; set model.vocab_size to at least 127.')
 
 
+class _ZeroLogits(nn.Module):
+  """Zero logits over `vocab_size` ids."""
+  vocab_size: int
+
+  @nn.compact
+  def __call__(self, tokens_BxT, source_BxS, lengths_B, *, train=False):
+    del source_BxS, lengths_B, train
+    bias = self.param('bias', nn.initializers.zeros, (self.vocab_size,))
+    return jnp.zeros(tokens_BxT.shape + (self.vocab_size,)) + bias
+
+
+def test_a_model_needs_a_logit_for_every_character_code_up_to_126():
+  # 126 logits (ids 0 … 125) leave '~' (126) without one; 127 is the smallest output size.
+  task = tasks.build('seq2seq', {'features': ('source', 'source_length', 'target',
+                                              'target_length')}, max_target_length=2)
+  batch = jax.tree.map(jnp.asarray, task.preprocess({
+      'source': np.full((1, 2), ord('a'), np.uint8), 'source_length': np.array([2]),
+      'target': np.full((1, 2), ord('~'), np.uint8), 'target_length': np.array([2])}))
+  for vocab_size, refused in ((126, True), (127, False)):
+    module = _ZeroLogits(vocab_size)
+    variables = module.init(jax.random.PRNGKey(0), batch['decoder_input'], batch['source'],
+                            batch['source_length'])
+    if refused:
+      with pytest.raises(ValueError, match='gives 126 logits; set model.vocab_size to at least 127'):
+        task.loss(_bound(module, variables), batch)
+    else:
+      metrics = task.loss(_bound(module, variables), batch)
+      # Uniform logits: −log(1/127) at each of the 3 weighted steps.
+      np.testing.assert_allclose(float(np.sum(metrics['loss'][0])), 3 * np.log(127), rtol=1e-6)
+
+
 class _FixedLogits(nn.Module):
   """Returns the logits it is given as input (so a test chooses the predictions)."""
 
@@ -261,3 +315,12 @@ def test_tagging_refuses_a_positive_tag_the_model_does_not_have():
     tasks.build('tagging', positive_tag=-2)
   assert str(info.value) == ('task.positive_tag must be a tag (an integer >= 0) or -1 for no F1, '
                              'got -2.')
+
+
+@pytest.mark.parametrize('tag', [True, False, 1.0])
+def test_tagging_positive_tag_must_be_an_integer_not_a_bool_or_float(tag):
+  # True is an int to Python, but as a tag it is a config mistake, not tag 1.
+  with pytest.raises(ValueError) as info:
+    tasks.build('tagging', positive_tag=tag)
+  assert str(info.value) == ('task.positive_tag must be a tag (an integer >= 0) or -1 for no F1, '
+                             f'got {tag!r}.')

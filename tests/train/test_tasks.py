@@ -248,3 +248,16 @@ def test_language_model_sample_hook_continues_the_prompt_with_the_sampling_optio
   out = hook(tasks.HookContext(model, variables, jax.random.PRNGKey(1), 0))
   assert out == {'sample': expected + '\n----\n' + expected}
   assert _lm(tokenizer, sample_length=0).eval_hooks() == []
+
+
+def test_normalisation_needs_one_value_or_one_per_channel():
+  # Two means for three channels are neither one value for all nor one per channel: one
+  # sentence, not a broadcasting error from inside the transform.
+  task = tasks.build('classification', {'features': ('image', 'label'), 'num_classes': 3},
+                     input_mean=(0.5, 0.5), input_std=(1.0, 1.0))
+  batch = {'input': jnp.zeros((2, 4, 4, 3)), 'label': jnp.zeros(2, jnp.int32)}
+  one_sentence(lambda: task.transform({}, batch, False), '2 values', '3 channels')
+  task = tasks.build('classification', {'features': ('image', 'label'), 'num_classes': 3},
+                     input_mean=(0.5,), input_std=(0.25,))
+  out = task.transform({}, {**batch, 'input': jnp.ones((2, 4, 4, 3))}, False)
+  np.testing.assert_allclose(out['input'], np.full((2, 4, 4, 3), 2.0))
