@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models.attention import chunked
 from models.attention import core
 from models.attention.chunked import chunked_attention
 from tests.models.test_attention import causal_allowed, draw, reference_attention
@@ -155,6 +156,20 @@ def test_bad_arguments_raise_a_value_error_naming_them(arguments, message):
   inputs.update(arguments)
   with pytest.raises(ValueError, match=message):
     chunked_attention(**inputs)
+
+
+def test_lengths_are_cut_into_the_fewest_blocks_of_at_most_block_positions():
+  # ceil(L / block) blocks of equal size ceil(L / number of blocks): no block larger than
+  # `block` (which sets the memory of the [C, K] scores), and under one padded position per
+  # block. Blocks of `block` positions would pad 600 to 1024, and floor(L / block) blocks of
+  # 13 / 4 would be 5 positions long; both give the same values, so no comparison above sees them.
+  assert chunked._block_size(600, 512) == (300, 600)  # the docstring's example
+  for length in range(1, 41):
+    for block in range(1, 13):
+      size, padded = chunked._block_size(length, block)
+      num_blocks = -(-length // block)
+      assert size <= block and padded == num_blocks * size, (length, block, size, padded)
+      assert 0 <= padded - length < num_blocks, (length, block, size, padded)
 
 
 def _forward_backward_temp_bytes(attend, length):

@@ -148,6 +148,46 @@ def test_options_that_leave_the_result_unchanged_still_reach_the_kind(
       assert received[name] == value, (name, received)
 
 
+# Each kind's defaults as README's table of attention kinds gives them: (library, function,
+# the keyword arguments it receives).
+DOCUMENTED_DEFAULTS = {
+    'chunked': ('chunked_lib', 'chunked_attention', {'query_block': 512, 'key_block': 512}),
+    'linear': ('linear_lib', 'linear_attention', {'block': 64}),
+    'performer': ('performer_lib', 'performer_attention', {'block': 64}),
+    'linformer': ('linformer_lib', 'linformer_attention', {}),
+    'local': ('sparse_lib', 'sparse_attention', {'block': 128, 'query_blocks': 4}),
+    'strided': ('sparse_lib', 'sparse_attention', {'block': 128, 'query_blocks': 4}),
+    'fixed': ('sparse_lib', 'sparse_attention', {'block': 128, 'summary': 8, 'query_blocks': 4}),
+}
+
+
+@pytest.mark.parametrize('kind', sorted(DOCUMENTED_DEFAULTS))
+def test_a_kind_without_options_runs_with_its_documented_defaults(monkeypatch, kind):
+  # Most defaults change how a kind computes, not what, so no comparison of values notices a
+  # key block of 256 or 128 Performer features where the README promises 512 and 256.
+  library_name, function, defaults = DOCUMENTED_DEFAULTS[kind]
+  library = getattr(kinds, library_name)
+  calls = []
+  original = getattr(library, function)
+  monkeypatch.setattr(library, function,
+                      lambda *a, **kw: calls.append((a, kw)) or original(*a, **kw))
+  q, k, v = (jnp.asarray(draw((1, 6, 1, 4), seed)) for seed in (5, 6, 7))
+  kinds.Attend(kind).init_with_output(jax.random.PRNGKey(0), q, k, v,
+                                      causal=kind != 'linformer')
+  ((args, received),) = calls
+  for name, value in defaults.items():
+    assert received[name] == value, (name, received)
+  if kind == 'performer':  # num_features 256, orthogonal True
+    features_MxH = np.asarray(args[3])
+    assert features_MxH.shape == (256, 4)
+    gram = features_MxH[:4] @ features_MxH[:4].T
+    assert np.abs(gram - np.diag(np.diag(gram))).max() < 1e-4
+  if kind == 'linformer':  # projected_length 256, share_kv False
+    proj_e_KxL, proj_f_KxL = map(np.asarray, args[3:5])
+    assert proj_e_KxL.shape == proj_f_KxL.shape == (256, 6)
+    assert not np.array_equal(proj_e_KxL, proj_f_KxL)
+
+
 @pytest.mark.parametrize('orthogonal', [True, False])
 def test_performer_attends_with_the_features_its_options_ask_for(monkeypatch, orthogonal):
   # num_features and orthogonal set the features drawn, not an argument of
@@ -273,6 +313,10 @@ def test_models_without_a_cached_kind_generate_without_the_cache():
     (lambda: registry.build('vit', num_classes=3, attention='local',
                             attention_options={'block': 0}),
      'ViT attention_options.block must be a positive integer, got 0.'),
+    # True is an int in Python: a check of isinstance(value, int) alone takes it as a block of 1.
+    (lambda: registry.build('gpt', vocab_size=5, attention='local',
+                            attention_options={'block': True}),
+     'GPT attention_options.block must be a positive integer, got True.'),
     # A value that is not a mapping (e.g. --config.model.attention_options=64) used to stop
     # with dict()'s own message, which names neither the option nor the value.
     (lambda: registry.build('gpt', vocab_size=5, attention='chunked', attention_options='64'),
@@ -289,6 +333,11 @@ def test_models_without_a_cached_kind_generate_without_the_cache():
     (lambda: registry.build('gpt', vocab_size=5, attention='linear', positions='alibi'),
      "GPT positions='alibi' adds a bias to the attention scores, which only attention='exact' "
      "takes; use rotary positions with 'linear'."),
+    # Chunked attention is exact attention but takes no bias: the check must refuse it, not
+    # leave the refusal to the first call.
+    (lambda: registry.build('gpt', vocab_size=5, attention='chunked', positions='alibi'),
+     "GPT positions='alibi' adds a bias to the attention scores, which only attention='exact' "
+     "takes; use rotary positions with 'chunked'."),
     # Linformer mixes the rotated keys over positions, so its scores depend on more than
     # offsets: it was accepted.
     (lambda: registry.build('bert', vocab_size=5, attention='linformer', positions='rotary'),
@@ -311,6 +360,19 @@ def test_decoding_and_general_masks_are_refused_by_kinds_that_cannot_take_them()
   query_mask = jnp.ones((2, 1, T, T), bool)
   with pytest.raises(ValueError, match=r"takes a mask of valid keys \[B, 1, 1, S\] only"):
     layer.apply({'params': params}, x, causal=True, mask=query_mask)
+
+
+@pytest.mark.parametrize('mask', [VALID_BxT[1:, None, None, :],
+                                  np.array([True, False]).reshape(2, 1, 1, 1)],
+                         ids=['one_mask_for_every_row', 'all_keys_or_none_per_row'])
+def test_a_key_mask_that_broadcasts_equals_its_full_form(mask):
+  # [1, 1, 1, S] (one mask for every row) and [B, 1, 1, 1] (all keys or none, per row)
+  # broadcast to [B, 1, 1, S]; refusing them, or reading them otherwise, fails here.
+  q, k, v = (jnp.asarray(draw((2, T, N, D // N), seed)) for seed in (5, 6, 7))
+  attend = kinds.Attend('linear', (('block', 4),))
+  got = attend.apply({}, q, k, v, causal=True, mask=jnp.asarray(mask))
+  full = jnp.asarray(np.broadcast_to(mask, (2, 1, 1, T)))
+  np.testing.assert_array_equal(got, attend.apply({}, q, k, v, causal=True, mask=full))
 
 
 @pytest.mark.parametrize('mask', [np.ones((2, 1, 1, T - 1), bool), np.ones((3, 1, 1, T), bool),

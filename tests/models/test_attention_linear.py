@@ -214,6 +214,21 @@ def test_rotary_scores_depend_on_the_offset_alone():
   np.testing.assert_allclose(run(0), run(5), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize('steps, keys', [(6, 6), (5, 7)])
+def test_rotary_queries_and_keys_turn_by_their_own_positions(steps, keys):
+  # Queries at 20, 21, … and keys at 0, 1, …: R_i turns φ(q_i) by the query's position and R_j
+  # turns φ(k_j) by the key's. Turning the keys by the queries' positions (or the other way
+  # round) goes unseen when both lists are equal, as in self-attention.
+  q, k, v = _qkv(steps, keys, seed=11)
+  q_positions, k_positions, base = np.arange(steps) + 20, np.arange(keys), 100.0
+  expected = rotary_quadratic_form(q, k, v, True, q_positions, k_positions, base)
+  out = jax.jit(lambda q, k, v: linear.linear_attention(
+      q, k, v, rotary=(q_positions, k_positions, base)))(q, k, v)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=2e-6)
+  # The positions matter: with both at 0, 1, … the result differs.
+  same = rotary_quadratic_form(q, k, v, True, np.arange(steps), k_positions, base)
+  assert np.abs(expected - same).max() > 0.05
+
 
 @pytest.mark.parametrize('causal', [False, True])
 def test_rotated_numerator_features_keep_padding_garbage_out(causal):

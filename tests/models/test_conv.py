@@ -349,6 +349,8 @@ def test_global_avg_pool_equals_numpy_mean():
                              rtol=1e-5, atol=1e-6)
 
 
-def test_global_avg_pool_rejects_non_image_input():
+@pytest.mark.parametrize('shape', [(3, 4, 5), (2, 3, 4, 5, 6)])
+def test_global_avg_pool_rejects_non_image_input(shape):
+  # Five axes as well as three: a [B, T, H, W, C] video would be averaged over T and H only.
   with pytest.raises(ValueError, match='batch, height, width, channels'):
-    pooling.global_avg_pool(jnp.ones((3, 4, 5)))
+    pooling.global_avg_pool(jnp.ones(shape))

@@ -39,6 +39,15 @@ def test_rbf_kernel_of_data_far_from_the_origin_equals_direct_distances(gamma):
   np.testing.assert_allclose(np.diag(rff.rbf_kernel(jnp.asarray(x), jnp.asarray(x), gamma)), 1.0, rtol=1e-5)
 
 
+def test_kernel_values_never_exceed_one():
+  # exp(-γ‖x - y‖²) ≤ 1. The expanded ‖x‖² + ‖y‖² - 2xᵀy rounds below 0 for some pairs at
+  # distance 0 (down to -3e-5 for these points in float32), and exp of minus that exceeds 1.
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(50, 7)) * 3 + 5, jnp.float32)
+  kernel = np.asarray(rff.rbf_kernel(x, x, 10.0))
+  assert kernel.max() <= 1.0, kernel.max()
+  np.testing.assert_allclose(np.diag(kernel), 1.0, rtol=1e-3)
+
+
 @pytest.mark.parametrize('x_shape, y_shape', [((3, 4), (2, 1)), ((3, 1), (2, 4)), ((4,), (2, 4)),
                                               ((3, 4), (4,))])
 def test_rbf_kernel_refuses_rows_of_another_width(x_shape, y_shape):
@@ -114,6 +123,9 @@ def test_bad_arguments_are_rejected():
     rff.sample_features(jax.random.key(0), 3, 8, 0.0)
   with pytest.raises(ValueError, match='num_features must be positive'):
     rff.sample_features(jax.random.key(0), 3, 0, 1.0)
+  # An input width of 0 would give ω of shape [0, F] and features cos(b) that ignore x.
+  with pytest.raises(ValueError, match='input_dim and num_features must be positive, got 0'):
+    rff.sample_features(jax.random.key(0), 0, 8, 1.0)
   with pytest.raises(ValueError, match='gamma must be positive'):
     rff.rbf_kernel(jnp.ones((1, 2)), jnp.ones((1, 2)), -1.0)
 

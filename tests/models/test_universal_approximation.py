@@ -81,6 +81,15 @@ def test_interpolating_network_obeys_the_interpolation_error_bound(width):
   assert error >= 0.5 * h**2 / 8
 
 
+def test_the_narrowest_interpolating_network_is_the_chord():
+  # Width 4, the smallest allowed: grid points lo and hi only, so the network is the line
+  # through (lo, g(lo)) and (hi, g(hi)) on all of ℝ.
+  net = ua.interpolating_network(np.exp, 0.0, 1.0, 4)
+  assert net.width == 4
+  x = np.linspace(-1, 2, 31)
+  np.testing.assert_allclose(net(jnp.asarray(x, jnp.float32)), 1 + (np.e - 1) * x, atol=ATOL)
+
+
 @pytest.mark.parametrize('t,f,message', [
     ([0.0, 1.0], [0.0], 'two vectors of one length'),
     ([0.0], [1.0], 'At least two breakpoints'),
