@@ -101,6 +101,18 @@ def test_elu_with_configurable_alpha(alpha):
   np.testing.assert_allclose(activations.elu_derivative(jnp.asarray(x), alpha), autodiff, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize('alpha', [0.5, 2.0])
+def test_elu_derivative_at_the_kink_is_alpha_as_jax_grad(alpha):
+  # At x = 0 the slope is the left one, α·e⁰ = α, as jax.grad gives. With α = 1 both sides
+  # agree, so only another α catches a derivative that takes the right slope 1 at 0 (x ≥ 0
+  # for x > 0).
+  zero = jnp.zeros((1,))
+  np.testing.assert_allclose(jax.vmap(jax.grad(activations.elu), in_axes=(0, None))(zero, alpha),
+                             [alpha])
+  np.testing.assert_allclose(activations.elu_derivative(zero, alpha), [alpha])
+  np.testing.assert_allclose(activations.derivative(f'elu({alpha})')(zero), [alpha])
+
+
 def test_gelu_tanh_approximates_exact_gelu():
   x = jnp.asarray(_points())
   gap = np.max(np.abs(activations.gelu(x) - activations.gelu_tanh(x)))
@@ -140,6 +152,18 @@ def test_a_wrong_parameter_is_named_with_what_is_allowed(name, message):
     activations.get(name)
   with pytest.raises(ValueError, match=message):
     activations.derivative(name)
+
+
+def test_the_ends_of_the_parameter_ranges():
+  # The slope of leaky_relu lies in [0, 1): 0, the ReLU, is allowed (a range (0, 1) refuses
+  # it). The α of elu must be > 0: 0, a flat negative part, is refused (α ≥ 0 takes it).
+  assert activations.parse('leaky_relu(0)') == ('leaky_relu', {'alpha': 0.0})
+  x = _points()
+  np.testing.assert_allclose(activations.get('leaky_relu(0)')(jnp.asarray(x)), np.maximum(x, 0))
+  with pytest.raises(ValueError, match=r"α > 0, got '0'"):
+    activations.get('elu(0)')
+  with pytest.raises(ValueError, match=r"α > 0, got '0'"):
+    activations.derivative('elu(0)')
 
 
 def test_unknown_name_is_rejected():

@@ -92,6 +92,30 @@ def test_backprop_of_a_residual_mlp_equals_autodiff(activation, loss):
   jax.tree.map(lambda g, e: np.testing.assert_allclose(g, e, **GRAD_TOL), got, expected)
 
 
+def test_backprop_through_consecutive_skips_equals_autodiff():
+  # Every hidden layer 4 → 4 has a skip, so ∂C/∂x(1) = δ(2) W(2)ᵀ + ∂C/∂x(2), where ∂C/∂x(2)
+  # holds ∂C/∂x(3) through layer 3's skip in turn. The case above has no two skips in a row
+  # past the first layer, so a backward that passes on δ(l) W(l)ᵀ alone, dropping the skip
+  # gradient already summed, gave its gradients exactly.
+  batch, dim, out = 5, 4, 3
+  features = (4, 4, 4, 4, out)
+  mlp = MLP(features, activation='tanh', residual=True)
+  rng = np.random.default_rng(12)
+  x_BxD = jnp.asarray(rng.normal(size=(batch, dim)), jnp.float32)
+  variables = mlp.init(jax.random.key(0), x_BxD)
+  variables = jax.tree.map(lambda p: p + jnp.asarray(rng.normal(size=p.shape) * 0.3, p.dtype), variables)
+  targets = jnp.asarray(rng.normal(size=(batch, out)), jnp.float32)
+
+  def cost(v):
+    return jnp.mean(jnp.sum((targets - mlp.apply(v, x_BxD)) ** 2, axis=-1))
+
+  expected_cost, expected = jax.jit(jax.value_and_grad(cost))(variables)
+  got_cost, got = jax.jit(lambda v: backprop.value_and_grad(v, x_BxD, targets, activation='tanh',
+                                                            residual=True))(variables)
+  np.testing.assert_allclose(got_cost, expected_cost, rtol=1e-6)
+  jax.tree.map(lambda g, e: np.testing.assert_allclose(g, e, **GRAD_TOL), got, expected)
+
+
 def test_squared_error_targets_of_another_shape_than_the_output_are_refused():
   layers = _random_layers((2, 3, 1), 0)
   # Targets (B,) against outputs (B, 1) would broadcast to (B, B).

@@ -286,6 +286,17 @@ def test_training_drops_out_the_embedding_sums_of_both_stacks():
                                           err_msg=stack)
 
 
+def test_the_feed_forward_layers_are_four_times_as_wide_by_default():
+  # Vaswani et al. 2017, §3.3: d_ff = 4·d_model (2048 for 512), in every block of both stacks.
+  params = jax.eval_shape(lambda: nn.unbox(_model().init(
+      jax.random.PRNGKey(0), TARGETS, SOURCE, LENGTHS)))['params']
+  for stack in ('encoder', 'decoder'):
+    for block in ('block0', 'block1'):
+      mlp = params[stack][block]['mlp']
+      assert mlp['hidden']['kernel'].shape == (16, 64), (stack, block)
+      assert mlp['output']['kernel'].shape == (64, 16), (stack, block)
+
+
 def test_registry_builds_it_with_its_options_and_float32_parameters():
   model = registry.build('transformer_seq2seq', vocab_size=100, source_vocab_size=60,
                          num_layers=1, features=16, num_heads=2, mlp_dim=24,

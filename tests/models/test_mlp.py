@@ -111,6 +111,22 @@ def test_layer_norm_option_equals_its_formula_in_training_and_inference():
   np.testing.assert_allclose(model.apply(variables, x_BxD, train=True), expected, **TOL)
 
 
+def test_layer_norm_option_on_pre_activations_of_variance_near_epsilon():
+  # With inputs of scale 1e-3 and no first bias, the pre-activations' variance over the features
+  # is of order ε = 1e-6 (0.6e-6 … 3.2e-6), so ε shows: ε = 1e-5 (PyTorch's default) shrinks the
+  # normalised values by a factor of 1.8 … 2.6, where at the variance ~1 of the test above it
+  # changes them by 5e-6 relative, inside its tolerance.
+  features = (6, 6, 3)
+  model = MLP(features, activation='tanh', layer_norm=True)
+  x_BxD = jax.random.normal(jax.random.key(3), (4, 5)) * 1e-3
+  variables = _perturbed(model.init(jax.random.key(0), x_BxD))
+  params = dict(variables['params'])
+  params['Dense_0'] = {**params['Dense_0'], 'bias': np.zeros(6, np.float32)}
+  variables = {'params': params}
+  expected = _reference(variables, x_BxD, features, np.tanh, layer_norm=True)
+  np.testing.assert_allclose(model.apply(variables, x_BxD), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_dropout_acts_in_training_only():
   model = MLP((32, 32, 2), dropout_rate=0.5)
   x_BxD = jax.random.normal(jax.random.key(4), (8, 3))

@@ -2,6 +2,7 @@
 the attentive `Seq2Seq` against a float64 NumPy loop of its encoder, attention and decoder
 equations."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from models import registry
 from models.sequence import rnn
 from models.sequence import rnn_models
+from tests.models import dropout_probe
 from tests.models.test_rnn import CELL_MODULE, carry_of_example, flax_params, hidden
 from tests.models.test_rnn import reference_rnn, equation_step
 from tests.models.test_seq_attention import additive_score, dot_score
@@ -373,7 +375,6 @@ def test_sizes_that_are_not_positive_integers_stop_at_construction(name, options
   assert str(error.value) == message
 
 
-
 @pytest.mark.parametrize('name, options', [
     ('rnn_classifier', dict(num_classes=3, vocab_size=60)),
     ('rnn_tagger', dict(num_tags=3, vocab_size=60)),
@@ -414,6 +415,18 @@ def test_seq2seq_source_lengths_as_a_list_give_the_logits_of_the_array(attention
   model, targets, variables = _small_seq2seq(attention)
   np.testing.assert_array_equal(model.apply(variables, targets, SOURCE, [9, 5, 2]),
                                 model.apply(variables, targets, SOURCE, LENGTHS))
+
+
+def test_seq2seq_embeds_the_source_with_a_table_of_the_source_vocabulary():
+  # Source ids (3 … 49) past the 8 target ids: a source table of vocab_size rows would have no
+  # row for them (NaN embeddings, or clipped to the last row when jitted).
+  model = rnn_models.Seq2Seq(8, source_vocab_size=50, features=8, embed_dim=4)
+  targets = jnp.array([[1, 5, 7], [1, 3, 4], [1, 6, 6]])
+  variables = model.init(jax.random.PRNGKey(0), targets, SOURCE, LENGTHS)
+  assert variables['params']['source_input']['Embed_0']['embedding'].shape == (50, 4)
+  assert variables['params']['target_embed']['embedding'].shape == (8, 4)
+  logits = model.apply(variables, targets, SOURCE, LENGTHS)
+  assert logits.shape == (3, 3, 8) and np.isfinite(logits).all()
 
 
 @pytest.mark.parametrize('attention', ['none', 'additive'])
@@ -466,3 +479,69 @@ def test_dropout_acts_in_training_only(name):
   expected, inference, trained = run(variables)
   np.testing.assert_allclose(inference, expected, rtol=1e-6, atol=1e-6)
   assert np.max(np.abs(np.asarray(trained) - np.asarray(expected))) > 1e-3
+
+
+def _training_calls(model, args, paths):
+  """{path: [(positional inputs, output)]} of the calls of the model's direct submodules named in
+  `paths`, and every direct nn.Dropout's, in one training apply (not traced: concrete arrays)."""
+  calls = {}
+
+  def record(next_fun, call_args, kwargs, context):
+    out = next_fun(*call_args, **kwargs)
+    path = context.module.path
+    if context.method_name == '__call__' and len(path) == 1 and (
+        path[0] in paths or isinstance(context.module, nn.Dropout)):
+      calls.setdefault('dropout' if isinstance(context.module, nn.Dropout) else path[0],
+                       []).append((call_args, out))
+    return out
+
+  variables = model.init(jax.random.PRNGKey(0), *args)
+  with nn.intercept_methods(record):
+    model.apply(variables, *args, train=True, rngs={'dropout': jax.random.PRNGKey(1)})
+  return calls
+
+
+def _dropped(calls, x):
+  """The output of the one dropout that read `x`, checked to be inverted dropout of it at rate 0.3."""
+  x = np.asarray(x)
+  found = [np.asarray(out) for (inp, *_), out in calls.get('dropout', [])
+           if np.shape(inp) == x.shape and np.array_equal(np.asarray(inp), x)]
+  assert len(found) == 1, 'no dropout reads this tensor'
+  # Past a sequence's length the RNN's outputs are 0, dropped or not: the kept share is of the rest.
+  nonzero = x != 0
+  np.testing.assert_array_equal(found[0][~nonzero], 0)
+  dropout_probe.assert_inverted_dropout(found[0][nonzero], x[nonzero], 0.3, rtol=1e-6, atol=1e-7)
+  return found[0]
+
+
+@pytest.mark.parametrize('name', DROPOUT_MODELS)
+def test_dropout_sits_where_each_model_says(name):
+  """Every dropout site of the docstrings, checked on what flows between the submodules: the
+  language model drops its embeddings and the RNN's outputs before the output layer (Zaremba et
+  al. 2014), the tagger and the classifier the input of their head, Seq2Seq the source and
+  target embeddings and the input of its output layer. The test above sees only that some
+  activation is dropped, so any one of these dropouts could go missing unseen."""
+  build, args = DROPOUT_MODELS[name]
+  paths = {'classifier': ('RNN_0', 'Dense_0'), 'tagger': ('RNN_0', 'Dense_0'),
+           'language_model': ('SequenceInput_0', 'RNN_0', 'Dense_0'),
+           'seq2seq': ('source_input', 'encoder', 'target_embed', 'output')}[name]
+  calls = _training_calls(build(0.3), args, paths)
+  first = lambda path: calls[path][0]
+  if name == 'language_model':
+    np.testing.assert_array_equal(first('RNN_0')[0][0],
+                                  _dropped(calls, first('SequenceInput_0')[1]))
+  if name in ('language_model', 'tagger'):
+    np.testing.assert_array_equal(first('Dense_0')[0][0], _dropped(calls, first('RNN_0')[1][0]))
+  if name == 'classifier':  # the 'last' readout: the top layer's final states
+    carries = first('RNN_0')[1][1]
+    summary = jnp.concatenate([rnn.hidden_state(c) for c in carries[-1]], axis=-1)
+    np.testing.assert_array_equal(first('Dense_0')[0][0], _dropped(calls, summary))
+  if name == 'seq2seq':
+    np.testing.assert_array_equal(first('encoder')[0][0], _dropped(calls, first('source_input')[1]))
+    _dropped(calls, first('target_embed')[1])  # read by the scanned decoder
+    # The output layer reads a dropped [s_t; c_t], 8 + 8 wide.
+    head_input = np.asarray(first('output')[0][0])
+    sources = [np.asarray(inp) for (inp, *_), out in calls['dropout']
+               if np.shape(out) == head_input.shape and np.array_equal(np.asarray(out), head_input)]
+    assert len(sources) == 1 and sources[0].shape[-1] == 16
+    _dropped(calls, sources[0])

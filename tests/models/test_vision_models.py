@@ -413,8 +413,11 @@ def _numpy_block(params, stats, x_BxHxWxC, strides, shortcut, bottleneck, train)
 
 # (input channels, width, stride, shortcut): the identity, a strided option-B projection, a strided
 # option-A shortcut; a bottleneck block's output has 4·width channels. The shapes are those of the
-# zero-initialisation tests above, whose compiled operations are reused.
-_BLOCK_CASES = [(16, 16, 1, 'B'), (16, 32, 2, 'B'), (16, 32, 2, 'A')]
+# zero-initialisation tests above, whose compiled operations are reused. The last two stride
+# without widening: the shortcut must still subsample (an identity chosen on the channel count
+# alone adds an 8×8 map to a 4×4 one).
+_BLOCK_CASES = [(16, 16, 1, 'B'), (16, 32, 2, 'B'), (16, 32, 2, 'A'), (16, 16, 2, 'B'),
+                (16, 16, 2, 'A')]
 _BOTTLENECK_CASES = [(64, 16, 1, 'B'), (16, 8, 2, 'B')]
 
 
