@@ -156,6 +156,10 @@ def test_classification_refuses_an_input_scale_that_is_not_a_finite_positive_num
   message = one_sentence(lambda: tasks.build('classification', {'num_classes': 3},
                                              input_scale=scale))
   assert f'task.input_scale must be a finite positive number, got {scale!r}' in message
+  # A NumPy scalar is a number like any other.
+  task = tasks.build('classification', {'num_classes': 3}, input_scale=np.float32(0.5))
+  np.testing.assert_allclose(task.preprocess({'image': np.array([[2]]), 'label': np.array([0])})[
+      'input'], [[1.0]])
 
 
 def test_classification_scales_the_input_and_scores_soft_labels_by_their_heaviest_class():

@@ -48,6 +48,7 @@
 import dataclasses
 import inspect
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -140,10 +141,10 @@ class Autoencoding(base.Task):
       raise ValueError(f'task.sparsity_target must lie in (0, 1), got {rho!r}.')
     for option in ('sparsity_weight', 'contraction_weight'):
       value = getattr(self, option)
-      if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+      if not (isinstance(value, numbers.Real) and 0 <= value < math.inf):
         raise ValueError(f'task.{option} must be a finite non-negative number, got {value!r}.')
     scale = self.input_scale
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
       raise ValueError(f'task.input_scale must be a finite positive number, got {scale!r}.')
 
   def preprocess(self, records):

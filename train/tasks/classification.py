@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import numbers
 from typing import Any
 
 import jax
@@ -40,7 +41,7 @@ class Classification(base.Task):
 
   def validate(self):
     scale = self.input_scale
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
       raise ValueError(f'task.input_scale must be a finite positive number, got {scale!r}.')
     mean, std = tuple(self.input_mean or ()), tuple(self.input_std or ())
     if len(mean) != len(std):
