@@ -13,16 +13,22 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 
+def init_width(module: nn.Module, layer: str) -> int | None:
+  """The input width (the kernel's second-to-last axis) that `module`'s layer `layer` was made
+  for at init, or None while it has no parameters yet (during init itself)."""
+  if not module.has_variable('params', layer):
+    return None
+  return nn.unbox(module.get_variable('params', layer))['kernel'].shape[-2]
+
+
 def check_input_width(module: nn.Module, layer: str, width: int, owner: str,
                       unit: str = 'channels') -> None:
   """One sentence if `module`'s first layer `layer` already has a kernel made for inputs of
   another width (its second-to-last axis) than `width`, e.g. RGB images given to a model
   initialised on grayscale ones; Flax would stop on the kernel's shape instead. Shapes are
   static, so it raises when traced."""
-  if not module.has_variable('params', layer):
-    return
-  expected = nn.unbox(module.get_variable('params', layer))['kernel'].shape[-2]
-  if width != expected:
+  expected = init_width(module, layer)
+  if expected is not None and width != expected:
     raise ValueError(f'{owner} was initialised on inputs of {expected} {unit}, got inputs of '
                      f'{width}; give it inputs like those of init.')
 

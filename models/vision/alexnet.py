@@ -74,15 +74,14 @@ class AlexNet(nn.Module):
       h = nn.relu(conv(features, 3)(h))
     h = pool(h)
     h_BxF = h.reshape(x_BxHxWxC.shape[0], -1)
-    if self.has_variable('params', 'Dense_0'):
-      # The first dense layer has one row per feature of the map the images of `init` gave.
-      rows = nn.unbox(self.get_variable('params', 'Dense_0'))['kernel'].shape[0]
-      if rows != h_BxF.shape[-1]:
-        height, width = x_BxHxWxC.shape[1:3]
-        raise ValueError(f'AlexNet image size {height}×{width} gives a '
-                         f'{h.shape[1]}×{h.shape[2]}×{h.shape[3]} map ({h_BxF.shape[-1]} '
-                         f'features) before the dense layers, but they were made for {rows} at '
-                         f'init; give images of the size it was initialised with.')
+    # The first dense layer has one row per feature of the map the images of `init` gave.
+    rows = layers.init_width(self, 'Dense_0')
+    if rows is not None and rows != h_BxF.shape[-1]:
+      height, width = x_BxHxWxC.shape[1:3]
+      raise ValueError(f'AlexNet image size {height}×{width} gives a '
+                       f'{h.shape[1]}×{h.shape[2]}×{h.shape[3]} map ({h_BxF.shape[-1]} '
+                       f'features) before the dense layers, but they were made for {rows} at '
+                       f'init; give images of the size it was initialised with.')
     for features in DENSE_FEATURES:
       h_BxF = nn.Dropout(self.dropout_rate, deterministic=not train)(h_BxF)
       h_BxF = nn.relu(nn.Dense(self._width(features), dtype=self.dtype, param_dtype=jnp.float32)(h_BxF))

@@ -97,14 +97,13 @@ class CNN1D(nn.Module):
       z_BxD = h_BxTxC.mean(axis=1)
     else:
       z_BxD = h_BxTxC.max(axis=1)
-    if self.has_variable('params', 'Dense_0'):
-      # Flattened, the head has one row per position and channel of the inputs of `init`.
-      rows = nn.unbox(self.get_variable('params', 'Dense_0'))['kernel'].shape[0]
-      if rows != z_BxD.shape[-1]:
-        raise ValueError(f'CNN1D: an input of length {x_BxT.shape[1]} leaves {h_BxTxC.shape[1]} '
-                         f'positions of {h_BxTxC.shape[2]} channels ({z_BxD.shape[-1]} features) '
-                         f'for the head, but it was made for {rows} at init; give inputs of the '
-                         f'length it was initialised with.')
+    # Flattened, the head has one row per position and channel of the inputs of `init`.
+    rows = layers_lib.init_width(self, 'Dense_0')
+    if rows is not None and rows != z_BxD.shape[-1]:
+      raise ValueError(f'CNN1D: an input of length {x_BxT.shape[1]} leaves {h_BxTxC.shape[1]} '
+                       f'positions of {h_BxTxC.shape[2]} channels ({z_BxD.shape[-1]} features) '
+                       f'for the head, but it was made for {rows} at init; give inputs of the '
+                       f'length it was initialised with.')
     if self.dropout_rate > 0:
       z_BxD = nn.Dropout(self.dropout_rate, deterministic=not train)(z_BxD)
     logits = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=jnp.float32)(z_BxD)
