@@ -328,7 +328,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   # Called only when run as a script (or by a test, with its own FlagValues), so that
   # importing the module defines no flags.
   kw = dict(flag_values=flag_values)
-  flags.DEFINE_string('output', 'docs/figures/vanishing_gradients.png', 'PNG to write.', **kw)
+  # No default: a default path in the repository would overwrite its committed figure.
+  flags.DEFINE_string('output', None, 'PNG to write (required).', **kw)
   flags.DEFINE_integer('features', 64, 'Hidden units H of every model.', lower_bound=1, **kw)
   flags.DEFINE_integer('length', 100, 'Sequence length T of panels (a, b).', lower_bound=1, **kw)
   flags.DEFINE_integer('samples', 5, 'Random input sequences averaged in panels (a, b).',
@@ -360,6 +361,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}.')
   logging.set_verbosity(logging.WARNING)
+  if FLAGS.output is None:
+    raise app.UsageError('--output is required: the PNG to write, e.g. '
+                         '--output=docs/figures/vanishing_gradients.png.')
   command_line.output_file(FLAGS.output, 'output')
   start = time.time()
   run(FLAGS.output, features=FLAGS.features, length=FLAGS.length, samples=FLAGS.samples,

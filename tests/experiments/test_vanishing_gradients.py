@@ -167,6 +167,20 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, m
   assert not os.path.exists(f'{tmp_path / "folder"}.png')
 
 
+def test_output_has_no_default(monkeypatch):
+  # A default of docs/figures/vanishing_gradients.png overwrote the committed figure (or, from
+  # another folder, wrote a docs/ tree there) whenever the script ran without --output.
+  flag_values = flags.FlagValues()
+  vg.define_flags(flag_values)
+  flag_values(['vanishing_gradients', '--features=4'])
+  monkeypatch.setattr(vg, 'FLAGS', flag_values)
+  monkeypatch.setattr(vg, 'run', lambda *a, **k: pytest.fail('the panels were computed'))
+  with pytest.raises(app.UsageError) as info:
+    vg.main(['vanishing_gradients'])
+  assert_one_sentence(str(info.value), '--output is required: the PNG to write, e.g. '
+                      '--output=docs/figures/vanishing_gradients.png.')
+
+
 def test_a_large_gru_update_gate_bias_keeps_the_state():
   # h' = z ⊙ h + (1 − z) ⊙ h̃ with z = σ(… + b_z): b_z = 20 gives z ≈ 1, so ∂s_T/∂s_t ≈ I at
   # every distance (a bias added to the reset gate's slice instead would leave z ≈ ½).
