@@ -49,13 +49,16 @@ def output_logits(x_BxTxD, embed: 'TokenEmbedding', tie_embeddings: bool, vocab_
 
 
 class FeedForward(nn.Module):
-  """W_2 GELU(W_1 x + b_1) + b_2; the hidden axis is named 'mlp' (split by tensor parallelism)."""
+  """W_2 drop(GELU(W_1 x + b_1)) + b_2; the hidden axis is named 'mlp' (split by tensor
+  parallelism). `hidden_dropout_rate` drops hidden units in training (ViT's App. B.1; GPT-2's
+  and BERT's code drop none, the default)."""
   mlp_dim: int
   use_bias: bool = True
   dtype: Any = jnp.float32
+  hidden_dropout_rate: float = 0.0
 
   @nn.compact
-  def __call__(self, x_BxTxD):
+  def __call__(self, x_BxTxD, *, train: bool = False):
     def dense(features, names, name):
       return nn.Dense(features, use_bias=self.use_bias, dtype=self.dtype, param_dtype=jnp.float32,
                       kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), names),
@@ -63,6 +66,7 @@ class FeedForward(nn.Module):
                       name=name)
     # Dense layers on one token axis: see models.attention.core.tokens_first.
     h_MxF = nn.gelu(dense(self.mlp_dim, ('embed', 'mlp'), 'hidden')(tokens_first(x_BxTxD)))
+    h_MxF = nn.Dropout(self.hidden_dropout_rate, deterministic=not train)(h_MxF)
     h_BxTxF = nn.with_logical_constraint(h_MxF.reshape(*x_BxTxD.shape[:-1], self.mlp_dim),
                                          ('batch', 'length', 'mlp'))
     y_MxD = dense(x_BxTxD.shape[-1], ('mlp', 'embed'), 'output')(tokens_first(h_BxTxF))
@@ -78,6 +82,7 @@ class TransformerBlock(nn.Module):
   causal, `memory` [B, S, D] is what cross-attention reads and `memory_mask`
   [B, 1, 1, S] its valid positions. `attention` and `attention_options` choose the
   self-attention's kind (models/attention/kinds.py); cross-attention is exact.
+  `mlp_hidden_dropout` also drops the MLP's hidden units at `dropout_rate` (ViT).
   """
   num_heads: int
   mlp_dim: int
@@ -91,6 +96,7 @@ class TransformerBlock(nn.Module):
   max_length: int | None = None
   use_bias: bool = True
   dtype: Any = jnp.float32
+  mlp_hidden_dropout: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD, memory_BxSxD=None, *, mask=None, memory_mask=None,
@@ -115,8 +121,9 @@ class TransformerBlock(nn.Module):
                                            dtype=self.dtype, name='cross_attention')
       x_BxTxD = sublayer(x_BxTxD, lambda h: cross_attention(h, memory_BxSxD, mask=memory_mask),
                          'cross_attention')
-    x_BxTxD = sublayer(x_BxTxD, FeedForward(self.mlp_dim, self.use_bias, self.dtype, name='mlp'),
-                       'mlp')
+    mlp = FeedForward(self.mlp_dim, self.use_bias, self.dtype,
+                      self.dropout_rate if self.mlp_hidden_dropout else 0.0, name='mlp')
+    x_BxTxD = sublayer(x_BxTxD, lambda h: mlp(h, train=train), 'mlp')
     return nn.with_logical_constraint(x_BxTxD, ('batch', 'length', 'embed'))
 
 

@@ -48,9 +48,9 @@ class ViT(nn.Module):
     attention: the self-attention's kind (models/attention/kinds.py), default 'exact';
       'linformer' then takes images of at most as many patches as those `init` saw.
     attention_options: that kind's options, e.g. {'num_features': 128} for 'performer'.
-    dropout_rate: dropout on z_0 and on the output of every sub-layer (MSA and MLP) before
-      its residual sum; App. B.1 also drops the MLP's hidden units (dropout after every dense
-      layer but the qkv projections), which this encoder does not.
+    dropout_rate: dropout after every dense layer but the qkv projections and on z_0 (App.
+      B.1): on the output of every sub-layer (MSA and MLP) before its residual sum, and on the
+      MLP's hidden units.
     use_bias: biases in the projections and LayerNorms.
     dtype: compute dtype; parameters, LayerNorms and logits are float32.
   """
@@ -137,7 +137,7 @@ class ViT(nn.Module):
                                  attention=self.attention,
                                  attention_options=self.attention_options,
                                  max_length=max_length, use_bias=self.use_bias,
-                                 dtype=self.dtype,
+                                 dtype=self.dtype, mlp_hidden_dropout=True,
                                  name=f'block{layer}')(x_BxNxD, train=train)
     x_BxNxD = layer_norm(self.use_bias, 'final_norm')(x_BxNxD)
     y_BxD = x_BxNxD[:, 0] if self.pool == 'cls' else jnp.mean(x_BxNxD, axis=1)

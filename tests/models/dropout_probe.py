@@ -27,3 +27,23 @@ def assert_inverted_dropout(dropped, expected, rate: float, **tolerance) -> None
   kept = dropped != 0
   assert abs(kept.mean() - (1 - rate)) < 0.2, kept.mean()
   np.testing.assert_allclose(dropped[kept], expected[kept] / (1 - rate), **tolerance)
+
+
+def first_mlp_hidden_units(apply_fn) -> tuple:
+  """Calls `apply_fn()` and returns, for the MLP of the first block (`block0`), GELU of its
+  hidden layer's output and what its output layer reads: equal unless the hidden units are
+  dropped."""
+  seen = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    module = context.module
+    in_first_mlp = (module.parent is not None and module.parent.name == 'mlp'
+                    and module.parent.parent is not None and module.parent.parent.name == 'block0')
+    out = next_fun(*args, **kwargs)
+    if in_first_mlp and context.method_name == '__call__' and module.name in ('hidden', 'output'):
+      seen[module.name] = nn.gelu(out) if module.name == 'hidden' else args[0]
+    return out
+
+  with nn.intercept_methods(interceptor):
+    apply_fn()
+  return seen['hidden'], seen['output']

@@ -201,6 +201,17 @@ def test_training_drops_out_the_embedding_sum_before_the_first_block():
 
 # ---- options and errors ---------------------------------------------------------------------
 
+def test_training_leaves_the_mlp_hidden_units_undropped():
+  # GPT-2's (and nanoGPT's) MLP drops only its output, so with dropout 0.5 the output layer
+  # still reads GELU(hidden) exactly; ViT's drops its hidden units too (test_vit.py).
+  model = tiny_gpt(num_layers=1, dropout_rate=0.5)
+  x = tokens(3)
+  params = random_params(model, 4)
+  hidden, read = dropout_probe.first_mlp_hidden_units(lambda: model.apply(
+      {'params': params}, x, train=True, rngs={'dropout': jax.random.PRNGKey(0)}))
+  np.testing.assert_array_equal(read, hidden)
+
+
 def test_learned_positions_beyond_max_length_raise_and_sinusoidal_extrapolate():
   too_long = jnp.zeros((1, MAX_LENGTH + 1), jnp.int32)
   model = tiny_gpt(num_layers=1, positions='learned')

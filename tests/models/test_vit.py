@@ -284,6 +284,22 @@ def test_training_drops_out_z0_before_the_first_block():
   dropout_probe.assert_inverted_dropout(dropped, z0, 0.5, rtol=1e-5, atol=1e-6)
 
 
+def test_training_drops_out_the_mlp_hidden_units():
+  # App. B.1: dropout after every dense layer but the qkv projections, so the MLP's output
+  # layer reads GELU(hidden) with each unit 0 or scaled by 1/(1 − 0.5) = 2; at evaluation it
+  # reads GELU(hidden) itself.
+  x = images()
+  model = tiny(dropout_rate=0.5)
+  variables = init(model, x)
+  for train in (True, False):
+    hidden, read = dropout_probe.first_mlp_hidden_units(lambda: model.apply(
+        variables, x, train=train, rngs={'dropout': jax.random.key(5)}))
+    if train:
+      dropout_probe.assert_inverted_dropout(read, hidden, 0.5, rtol=1e-5, atol=1e-6)
+    else:
+      np.testing.assert_array_equal(read, hidden)
+
+
 @pytest.mark.parametrize('pool', ['cls', 'mean'])
 def test_bfloat16_compute_is_close_to_float32(pool):
   x = images()
