@@ -145,13 +145,27 @@ def test_a_parameter_in_the_name_sets_alpha_of_the_function_and_its_derivative(n
 
 @pytest.mark.parametrize('name, message', [
     ('relu(0.2)', 'relu takes no parameter'), ('leaky_relu(1)', r'slope α in \[0, 1\), got \'1\''),
-    ('elu(-1)', 'α > 0'), ('elu(nan)', 'α > 0'), ('leaky_relu()', 'slope'),
+    ('elu(-1)', 'α > 0'), ('elu(nan)', 'α > 0'), ('elu(inf)', 'α > 0'), ('leaky_relu()', 'slope'),
     ('maxout(2)', 'models.mlp.MLP takes it'), ('maxout(two)', r'maxout\(k\) with k ≥ 1')])
 def test_a_wrong_parameter_is_named_with_what_is_allowed(name, message):
   with pytest.raises(ValueError, match=message):
     activations.get(name)
   with pytest.raises(ValueError, match=message):
     activations.derivative(name)
+
+
+def test_spaces_in_a_name_are_ignored():
+  assert activations.parse(' leaky_relu( 0.2 ) ') == ('leaky_relu', {'alpha': 0.2})
+  assert activations.parse('elu (0.5)') == ('elu', {'alpha': 0.5})
+
+
+def test_maxout_pieces_reads_k_of_at_least_one():
+  assert activations.maxout_pieces('maxout(3)') == 3
+  assert activations.maxout_pieces('maxout( 1 )') == 1
+  assert activations.maxout_pieces('relu') is None and activations.maxout_pieces(jnp.tanh) is None
+  for name in ('maxout(0)', 'maxout', 'maxout(-2)'):
+    with pytest.raises(ValueError, match=r'maxout\(k\) with k ≥ 1'):
+      activations.maxout_pieces(name)
 
 
 def test_the_ends_of_the_parameter_ranges():

@@ -116,6 +116,23 @@ def test_backprop_through_consecutive_skips_equals_autodiff():
   jax.tree.map(lambda g, e: np.testing.assert_allclose(g, e, **GRAD_TOL), got, expected)
 
 
+def test_backprop_of_the_params_entry_on_unflattened_inputs_equals_autodiff():
+  # Inputs [B, 2, 3] are flattened as the MLP does; given the 'params' entry, the gradients
+  # come back as that entry, without a 'params' level around them.
+  rng = np.random.default_rng(13)
+  x_Bx2x3 = jnp.asarray(rng.normal(size=(4, 2, 3)), jnp.float32)
+  labels = jnp.array([0, 2, 1, 2])
+  params = backprop.layers_to_mlp_params(_random_layers((6, 5, 3), seed=13))['params']
+  cost = lambda p: jnp.mean(losses.cross_entropy(
+      MLP((5, 3), activation='tanh').apply({'params': p}, x_Bx2x3), labels))
+  expected_cost, expected = jax.jit(jax.value_and_grad(cost))(params)
+  got_cost, got = jax.jit(lambda p: backprop.value_and_grad(p, x_Bx2x3, labels, activation='tanh',
+                                                            loss='cross_entropy'))(params)
+  np.testing.assert_allclose(got_cost, expected_cost, rtol=1e-6)
+  assert jax.tree.structure(got) == jax.tree.structure(expected)
+  jax.tree.map(lambda g, e: np.testing.assert_allclose(g, e, **GRAD_TOL), got, expected)
+
+
 def test_squared_error_targets_of_another_shape_than_the_output_are_refused():
   layers = _random_layers((2, 3, 1), 0)
   # Targets (B,) against outputs (B, 1) would broadcast to (B, B).
@@ -183,6 +200,11 @@ def test_layers_whose_widths_do_not_chain_are_one_sentence():
   one_sentence(lambda: backprop.value_and_grad(layers, jnp.ones((2, 6)), labels_B,
                                                loss='cross_entropy'),
                'Layer 0 (kernel (5, 4), bias (4,)) does not read the 6 features before it')
+  # A bias of one entry would broadcast over the layer's 4 outputs.
+  w0, _ = layers[0]
+  one_sentence(lambda: backprop.value_and_grad([(w0, jnp.zeros(1)), layers[1]], x_Bx5, labels_B,
+                                               loss='cross_entropy'),
+               'Layer 0 (kernel (5, 4), bias (1,)) does not read the 5 features before it')
   cost, _ = backprop.value_and_grad(layers, x_Bx5, labels_B, loss='cross_entropy')
   assert np.isfinite(cost)
 

@@ -138,10 +138,11 @@ def test_cross_entropy_is_minus_log_probability_of_the_label():
   assert losses.cross_entropy(logits, labels).shape == (B,)
 
 
-def test_label_smoothing_targets_mix_in_the_uniform_distribution():
+# 0.8: a smoothing above ½, where the label's weight 1 − ε is below the uniform part's.
+@pytest.mark.parametrize('eps', [0.2, 0.8])
+def test_label_smoothing_targets_mix_in_the_uniform_distribution(eps):
   logits = np.random.default_rng(3).normal(size=(B, C)).astype(np.float32)
   labels = np.arange(B) % C
-  eps = 0.2
   targets = (1 - eps) * np.eye(C)[labels] + eps / C
   log_q = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   np.testing.assert_allclose(losses.cross_entropy(logits, labels, label_smoothing=eps),
@@ -204,6 +205,16 @@ def test_a_minus_infinite_logit_inside_the_target_gives_infinite_loss():
     labels = jnp.asarray(labels)
     assert losses.cross_entropy(logits, labels, smoothing)[0] == np.inf, (labels, smoothing)
     assert losses.softmax_cross_entropy(logits, jax.nn.one_hot(labels, 3), smoothing)[0] == np.inf
+
+
+def test_cross_entropy_of_labels_beyond_the_int8_range():
+  # A vocabulary of 300 classes: labels 200 and 299 wrap around in a narrow integer type.
+  logits = np.random.default_rng(6).normal(size=(3, 300)).astype(np.float32)
+  labels = np.array([200, 299, 5])
+  z = logits.astype(np.float64)
+  log_q = z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+  np.testing.assert_allclose(cross_entropy(jnp.asarray(logits), jnp.asarray(labels), 0.0),
+                             -log_q[np.arange(3), labels], **TOL)
 
 
 @pytest.mark.parametrize('label', [-1, C, C + 5])
@@ -273,6 +284,16 @@ def test_language_model_summary_by_hand():
 
 
 # Bad input.
+
+
+@pytest.mark.parametrize('loss', ['mean_squared_error', 'mean_absolute_error',
+                                  'binary_cross_entropy_with_logits', 'softmax_cross_entropy',
+                                  'kl_divergence', 'categorical_cross_entropy', 'lp_distance',
+                                  'total_variation'])
+def test_predictions_and_targets_of_different_shapes_are_refused(loss):
+  # (4, 1) against (4,) would broadcast to (4, 4) and give 4 values per example.
+  with pytest.raises(ValueError, match=r'shape \(4, 1\) and targets of shape \(4,\)'):
+    getattr(losses, loss)(jnp.full((4, 1), 0.5), jnp.full((4,), 0.5))
 
 
 def test_bad_arguments_are_rejected():

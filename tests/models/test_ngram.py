@@ -181,6 +181,17 @@ def test_sampling_follows_a_deterministic_corpus():
 
 
 
+def test_sampling_from_a_prompt_shorter_than_the_context_reads_it_as_the_latest_ids():
+  # Order 3 after the single id "a": the history is (before the text, a), so the bigram
+  # level continues with "b", then the trigram levels with "c", "a", ... Read as (a, before
+  # the text), the first id would be a unigram draw, right with probability 1/3 only.
+  lm = ngram.NGramModel(ids('abc' * 20), vocab_size=5, order=3, smoothing='add_k', add_k=0.0)
+  for prompt, expected in [('a', 'bcabca'), ('b', 'cabcab'), ('c', 'abcabc')]:
+    for seed in range(5):
+      drawn = lm.sample(ids(prompt), 6, np.random.default_rng(seed))
+      assert ''.join(VOCAB[i] for i in drawn) == expected, (prompt, seed)
+
+
 @pytest.mark.parametrize('length', [-1, 2.0, True])
 def test_sampling_refuses_a_length_that_is_not_a_count(length):
   # -1 used to return no ids without a word, 2.0 to fail inside range().
@@ -224,6 +235,33 @@ def test_kneser_ney_beats_add_one_on_held_out_text():
     log_p = lm.window_log_probs(encode(held_out)[None])
     perplexity[options['smoothing']] = float(np.exp(-log_p.mean()))
   assert perplexity['kneser_ney'] < 0.9 * perplexity['add_k'], perplexity
+
+
+def test_a_stream_as_long_as_the_order_gives_its_one_m_gram():
+  # "ab" holds one bigram: with add-0, "a" is always followed by "b".
+  lm = ngram.NGramModel(ids('ab'), vocab_size=5, order=2, smoothing='add_k', add_k=0.0)
+  np.testing.assert_allclose(lm.probabilities(history('a', 1))[0], [0, 1, 0, 0, 0])
+
+
+def test_the_ends_of_the_allowed_discounts_and_orders():
+  # D = 1 keeps every distribution normalised; the order max_order(V) fits the codes.
+  lm = model(3, discount=1.0)
+  rows = np.concatenate([history(h, 2) for h in ('ab', 'e', '')])
+  np.testing.assert_allclose(lm.probabilities(rows).sum(axis=1), 1.0, rtol=1e-12)
+  # After "b" (bigram counts: a ×2): (2 − 1) / 2 + 1 · 1/2 · P(a), with the continuation
+  # unigram P(a) = (3 − 1) / 6 + 1 · 4/6 · 1/5.
+  np.testing.assert_allclose(model(2, discount=1.0).probabilities(history('b', 1))[0, 0],
+                             0.5 + 0.5 * (2 / 6 + 4 / 6 / 5))
+  top = ngram.max_order(65)
+  deep = ngram.NGramModel(np.arange(20) % 65, vocab_size=65, order=top)
+  assert deep.order == top == 10
+
+
+@pytest.mark.parametrize('tokens', [[0, 1, 5, 2], [0, -1, 2]])
+def test_training_tokens_outside_the_vocabulary_are_refused_in_one_sentence(tokens):
+  with pytest.raises(ValueError) as error:
+    ngram.NGramModel(np.array(tokens), vocab_size=5, order=2)
+  assert_one_sentence(str(error.value), 'training tokens', '[0, 5)')
 
 
 @pytest.mark.parametrize('options, parts', [

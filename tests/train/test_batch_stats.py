@@ -243,6 +243,33 @@ def test_a_batch_norm_mask_leaves_positions_out_and_the_change_is_on_the_normali
   np.testing.assert_allclose(info['changes'], [np.max(np.abs(var - 1) / scale)], rtol=1e-5)
 
 
+class _TwoSideBySideNorms(nn.Module):
+  """Two independent BN layers on the first two and the last two features; the first has ε = ½."""
+
+  @nn.compact
+  def __call__(self, x_BxD, *, train=False):
+    wide = nn.BatchNorm(use_running_average=not train, epsilon=0.5, name='wide')(x_BxD[:, :2])
+    narrow = nn.BatchNorm(use_running_average=not train, name='narrow')(x_BxD[:, 2:])
+    return jnp.concatenate([wide, narrow], axis=-1)
+
+
+def test_the_change_of_a_pass_is_the_largest_over_every_layer_with_its_own_epsilon():
+  # The first layer's inputs (μ ≈ 10, σ ≈ 3) move far from (0, 1), the second's little; the
+  # layers are independent, so one pass makes both exact and the second confirms it.
+  rng = np.random.default_rng(6)
+  x = (rng.normal(size=(10, 4)) * [3.0, 3.0, 1.0, 1.0] + [10.0, -8.0, 0.1, 0.0]).astype(np.float32)
+  model = _TwoSideBySideNorms()
+  variables = jax.tree.map(np.asarray, model.init(jax.random.key(0), x))
+  _, info = batch_stats.recompute_batch_stats(model, variables, _batches(x, 4))
+  expected = 0.0
+  for columns, epsilon in ((slice(0, 2), 0.5), (slice(2, 4), 1e-5)):
+    mean, var = x[:, columns].astype(np.float64).mean(0), x[:, columns].astype(np.float64).var(0)
+    scale = var + epsilon
+    expected = max(expected, np.max(np.abs(mean) / np.sqrt(scale)), np.max(np.abs(var - 1) / scale))
+  np.testing.assert_allclose(info['changes'], [expected, 0.0], rtol=1e-5)
+  assert info['passes'] == 2 and info['layers'] == ['narrow', 'wide']
+
+
 def test_a_model_without_batch_norm_is_refused():
   model = MLP(features=(4, 3))
   variables = {'params': jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 6)))['params']}
@@ -318,6 +345,8 @@ _X = np.arange(24, dtype=np.float32).reshape(6, 4)
     ('max_examples=2.5', 'max_examples must be a positive integer or None, got 2.5.'),
     ('growing batches', 'A batch of 6 examples follows a first batch of 3; the batches may shrink '
                         '(the last one) but not grow.'),
+    ('growing by one', 'A batch of 6 examples follows a first batch of 5; the batches may shrink '
+                       '(the last one) but not grow.'),
     ('all masked', 'The batches hold no example (every batch was empty or masked out).'),
     ('called twice', "The BatchNorm layer 'BatchNorm_0' is called more than once per apply, so its "
                      'population statistics are not defined.'),
@@ -337,8 +366,8 @@ def test_what_cannot_be_computed_is_refused_in_one_sentence(case, message):
   if case.startswith('max_'):
     name, value = case.split('=')
     options[name] = float(value) if '.' in value else int(value)
-  elif case == 'growing batches':
-    batches = [{'input': _X[:3]}, {'input': _X}]
+  elif case.startswith('growing'):
+    batches = [{'input': _X[:3 if case == 'growing batches' else 5]}, {'input': _X}]
   elif case == 'all masked':
     batches = [{'input': _X, 'mask': np.zeros(6, np.int32)}]
   with pytest.raises(ValueError) as info:
@@ -378,3 +407,49 @@ def test_the_statistics_of_the_method_applied():
   np.testing.assert_allclose(stats['norm']['mean'], x.mean(0), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(stats['norm']['var'], x.astype(np.float64).var(0), rtol=1e-5)
   assert info['layers'] == ['norm'] and info['examples'] == 10
+
+
+def test_moments_of_inputs_far_from_zero_keep_their_variance():
+  """Two-pass moments: inputs 1000 + N(0, 0.1²) in float32, where Σx² − n·μ² (each term about
+  10⁷) would lose the variance (10⁻²) to rounding."""
+  model = _NormInAMethod()
+  x = (1000 + 0.1 * np.random.default_rng(7).normal(size=(12, 3))).astype(np.float32)
+  variables = jax.tree.map(np.asarray, model.init(jax.random.key(0), x, method='features'))
+  stats, _ = batch_stats.recompute_batch_stats(model, variables, _batches(x, 5), method='features')
+  x64 = x.astype(np.float64)
+  np.testing.assert_allclose(stats['norm']['var'], x64.var(0), rtol=1e-3)
+  np.testing.assert_allclose(stats['norm']['mean'], x64.mean(0), rtol=1e-7)
+
+
+def test_the_last_batch_is_padded_with_real_examples():
+  """The padding rows of a short last batch are copies of its first example: a model input
+  that divides by each example's spread gives no NaN (0 / 0 for rows of zeros), which would
+  spoil the statistics although the rows weigh 0."""
+  model = _NormInAMethod()
+  x = np.random.default_rng(8).normal(size=(10, 3)).astype(np.float32) + [0.0, 1.0, 2.0]
+  variables = jax.tree.map(np.asarray, model.init(jax.random.key(0), x, method='features'))
+  standardise = lambda b: (b['input'] / jnp.std(b['input'], axis=1, keepdims=True),)
+  stats, _ = batch_stats.recompute_batch_stats(model, variables, _batches(x, 4),
+                                               model_inputs=standardise, method='features')
+  inputs = x.astype(np.float64) / x.astype(np.float64).std(axis=1, keepdims=True)
+  np.testing.assert_allclose(stats['norm']['mean'], inputs.mean(0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(stats['norm']['var'], inputs.var(0), rtol=1e-5)
+
+
+class _TrainingByDefault(nn.Module):
+  """A model whose `train` defaults to True: the passes must still apply it in inference mode."""
+
+  @nn.compact
+  def __call__(self, x, *, train=True):
+    return nn.BatchNorm(use_running_average=not train)(x)
+
+
+def test_the_passes_apply_the_model_with_train_false_by_default():
+  model = _TrainingByDefault()
+  x = np.random.default_rng(9).normal(size=(6, 2)).astype(np.float32) * [1.0, 3.0]
+  ones, zeros = np.ones(2, np.float32), np.zeros(2, np.float32)
+  variables = {'params': {'BatchNorm_0': {'scale': ones, 'bias': zeros}},
+               'batch_stats': {'BatchNorm_0': {'mean': zeros, 'var': ones}}}
+  stats, info = batch_stats.recompute_batch_stats(model, variables, _batches(x, 4))
+  np.testing.assert_allclose(stats['BatchNorm_0']['var'], x.astype(np.float64).var(0), rtol=1e-5)
+  assert info['passes'] == 1

@@ -1,11 +1,16 @@
 """Metrics reach metrics.jsonl, TensorBoard event files and the progress line with the values
 written; a resumed run keeps only the records of the steps it does not replay."""
 
+import errno
 import glob
 import json
+import os
 import struct
 import time
 
+import jax
+import numpy as np
+import pytest
 from tensorboardX.proto import event_pb2
 
 from train.metrics import MetricWriter
@@ -157,3 +162,48 @@ def test_an_image_outside_the_unit_range_is_clipped_to_it(tmp_path):
   writer.close()
   png = matplotlib.image.imread(tmp_path / 'samples' / 'sample_10.png')
   np.testing.assert_allclose(png[..., :3], np.clip(image, 0, 1), atol=1 / 255)
+
+
+def test_a_gray_image_keeps_its_levels_rather_than_being_stretched(tmp_path):
+  """A dim one-channel sample (values in [0.2, 0.6]) is written with those gray levels, on the
+  fixed [0, 1] scale, not stretched to black and white."""
+  import matplotlib.image  # pylint: disable=g-import-not-at-top
+  writer = MetricWriter(str(tmp_path), total_steps=10)
+  image = np.linspace(0.2, 0.6, 3 * 4).reshape(3, 4, 1)
+  writer.write_outputs(10, {'dim': image})
+  writer.close()
+  png = matplotlib.image.imread(tmp_path / 'samples' / 'dim_10.png')
+  np.testing.assert_allclose(png[..., 0], image[..., 0], atol=2 / 255)
+
+
+def test_records_reach_metrics_jsonl_before_the_writer_closes(tmp_path):
+  """A run killed mid-training, or a reader following the file, sees every record written."""
+  writer = MetricWriter(str(tmp_path), total_steps=10)
+  writer.write(1, 'train', {'loss': 0.5})
+  rows = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  writer.close()
+  assert rows == [{'step': 1, 'split': 'train', 'loss': 0.5}]
+
+
+def test_processes_other_than_0_write_nothing(tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  writer = MetricWriter(str(tmp_path), total_steps=10)
+  writer.write(5, 'train', {'loss': 0.5})
+  writer.write_outputs(10, {'accuracy': 0.75, 'text': 'to be', 'grid': np.zeros((2, 2, 1))})
+  writer.close()
+  assert list(tmp_path.iterdir()) == [] and capsys.readouterr().err == ''
+
+
+def test_a_failed_metric_write_is_one_sentence_naming_the_work_directory(tmp_path):
+  class _FullDisk:
+    def write(self, _):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  writer = MetricWriter(str(tmp_path), total_steps=10)
+  jsonl, writer._jsonl = writer._jsonl, _FullDisk()  # pylint: disable=protected-access
+  with pytest.raises(ValueError) as error:
+    writer.write(1, 'train', {'loss': 0.5})
+  assert str(error.value) == (f"Writing the metrics in '{tmp_path}' failed (No space left on "
+                              'device); free space or fix permissions and rerun.')
+  writer._jsonl = jsonl  # pylint: disable=protected-access
+  writer.close()
