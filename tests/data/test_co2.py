@@ -100,6 +100,17 @@ def test_scaler_is_fitted_on_the_train_split_only(data_dir):
   window = train[0]['values']
   np.testing.assert_allclose(window, (raw[:30] - mu) / sigma, rtol=1e-5, atol=1e-5)
   assert meta['unit'] == 'ppm' and meta['model_defaults'] == {'horizon': 6}
+  assert meta['series_window'] == 24 and meta['series_horizon'] == 6
+
+
+def test_the_horizon_defaults_to_one(data_dir):
+  config = _config(data_dir, window=24)
+  config.series_horizon = None
+  train, evaluation, meta = series.make_sources(config, '')
+  assert meta['series_horizon'] == 1 and meta['model_defaults'] == {'horizon': 1}
+  # Windows of T + 1 values: offsets 0 … 422 − 25, and one origin per test month.
+  assert train[0]['values'].shape == (25,) and len(train) == 422 - 25 + 1
+  assert len(evaluation) == 52
 
 
 def test_training_windows_lie_inside_the_train_split(data_dir):
@@ -128,6 +139,7 @@ def test_evaluation_windows_equal_brute_force_slices(context, horizon, start):
     weights = [float(o < t < stop) for t in range(o - context + 2, o + horizon + 1)]
     np.testing.assert_array_equal(batch['values'][i], values)
     np.testing.assert_array_equal(batch['weights'][i], weights)
+  assert batch['values'].dtype == np.float32 and batch['weights'].dtype == np.float32
   assert windows.origins(np.arange(len(windows))).tolist() == origins
   # At every horizon h each value of the split after the first origin's is scored once.
   scored = batch['weights'][:, context - 1:].sum(axis=0)
@@ -176,9 +188,17 @@ def test_unscale_undoes_scale_with_the_train_statistics():
   np.testing.assert_allclose(series.unscale(scaler, np.array([1.5])), [5.0], atol=1e-6)
 
 
+def test_scaler_reads_the_train_split_where_its_bounds_put_it():
+  # A train split after another one: values 1 and 3 only, μ = 2 and σ = 1.
+  scaler = series.fit_scaler(np.array([50.0, -20.0, 1.0, 3.0, 9.0]), {'train': (2, 4)})
+  np.testing.assert_allclose(series.scale(scaler, np.array([2.0, 4.0])), [0.0, 2.0], atol=1e-6)
+
+
 @pytest.mark.parametrize('key, value, words', [
     ('series_window', 0, 'data.series_window must be a positive integer, not 0'),
     ('series_horizon', -1, 'data.series_horizon must be a positive integer, not -1'),
+    ('series_window', True, 'data.series_window must be a positive integer, not True'),
+    ('train_split', 'training', "data.train_split='training' is not a split of the series 'co2'"),
     ('eval_split', 'valid', "data.eval_split='valid' is not a split of the series 'co2'"),
     ('series_key', 'ppm', "Data set 'co2' has no feature 'ppm'"),
 ])
@@ -195,6 +215,16 @@ def test_a_window_longer_than_the_train_split_is_refused(data_dir):
   with pytest.raises(ValueError, match='too short for one training window of context 420 and '
                                        'horizon 6'):
     series.make_sources(_config(data_dir, window=420), '')
+
+
+@pytest.mark.parametrize('training, size', [(True, 7), (False, 5)])
+def test_a_split_one_value_too_short_for_its_first_window_is_refused(training, size):
+  # T = 4, H = 3: a training window needs T + H = 7 values; the first evaluation origin
+  # (o = T − 1 = 3 for a split starting at 0) needs one value after it, 5 values.
+  x = np.arange(size, dtype=np.float32)
+  assert len(series.SeriesWindows(x, 0, context=4, horizon=3, training=training)) == 1
+  with pytest.raises(ValueError, match='too short for one'):
+    series.SeriesWindows(x[:-1], 0, context=4, horizon=3, training=training)
 
 
 @pytest.mark.parametrize('training', [True, False])

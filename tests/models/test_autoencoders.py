@@ -47,6 +47,10 @@ def test_bernoulli_log_prob_equals_the_formula_and_is_finite_for_large_logits():
   # log σ(−100) = −100 − log(1 + e^{−100}): a naive log(sigmoid) would give −inf.
   far = likelihood.bernoulli_log_prob(jnp.array([-100.0, 100.0]), jnp.array([1.0, 0.0]))
   np.testing.assert_allclose(far, [-100.0, -100.0], rtol=1e-6)
+  # Targets broadcast against the logits: one image x [5] for a batch of 4 logits.
+  np.testing.assert_allclose(
+      likelihood.bernoulli_log_prob(jnp.asarray(logits, jnp.float32), x[0]),
+      x[0] * np.log(p) + (1 - x[0]) * np.log(1 - p), rtol=1e-5, atol=1e-5)
 
 
 def test_kl_to_standard_normal_equals_a_monte_carlo_estimate():
@@ -73,7 +77,10 @@ def test_bits_per_dim_golden_values():
   assert likelihood.bits_per_dim(0.0, d) == pytest.approx(8.0)
   assert likelihood.bits_per_dim(d * math.log(2) * 1.5, d) == pytest.approx(9.5)
   assert likelihood.bits_per_dim(d * math.log(2), d, levels=2) == pytest.approx(2.0)
+  assert likelihood.bits_per_dim(3 * math.log(2), 1) == pytest.approx(11.0)  # D = 1 is valid
   assert 'dimensions' in one_sentence(lambda: likelihood.bits_per_dim(1.0, 0))
+  # One level per dimension holds no information (log₂ 1 = 0 bits): refused.
+  assert 'at least 2 levels' in one_sentence(lambda: likelihood.bits_per_dim(1.0, d, levels=1))
 
 
 def test_dequantize_stays_in_the_pixels_bin_and_is_uniform():

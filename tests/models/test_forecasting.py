@@ -121,6 +121,36 @@ def test_pooled_model_equals_pooled_stack_features_through_its_head(pooling):
   np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_pooled_model_without_predict_change_reads_the_values_and_adds_nothing_back():
+  model = _model('pooled', pooling='last', predict_change=False)
+  x_BxT = _series()
+  variables = _init(model, x_BxT)
+  params = variables['params']
+  e_BxTxC = np.asarray(forecasting.CausalConvStack(4, 2, (1, 2)).apply(
+      {'params': params['stack']}, np.asarray(x_BxT)[..., None]), np.float64)
+  head = jax.tree.map(lambda a: np.asarray(a, np.float64), params['head'])
+  np.testing.assert_allclose(_apply(model, variables, x_BxT),
+                             e_BxTxC[:, -1] @ head['kernel'] + head['bias'], rtol=1e-4, atol=1e-4)
+
+
+def test_stacks_repeat_the_dilations_and_widen_the_receptive_field():
+  # num_stacks = 2 runs the blocks with dilations 1, 2, 1, 2; with k = 3 the stack reads
+  # R = 2 · (2·1 + 2·2) + 1 = 13 inputs.
+  model = forecasting.ShiftedConvForecaster(channels=4, kernel_size=3, dilations=(1, 2),
+                                            num_stacks=2)
+  x_BxT = _series()
+  variables = _random_variables(model, seed=2)
+  y_BxT = np.asarray(_apply(model, variables, x_BxT))
+  np.testing.assert_allclose(y_BxT, _reference_shifted(variables['params'], x_BxT, (1, 2, 1, 2)),
+                             rtol=1e-4, atol=1e-4)
+  assert model.receptive_field == 13
+  # x_4 is in Δx_4 and Δx_5, which reach positions 4 … 5 + R − 1 (with these weights no ReLU
+  # is dead on the way; with some, e.g. seed 5, a few positions do not change).
+  y2 = np.asarray(_apply(model, variables, x_BxT.at[:, 4].add(2.0)))
+  changed = np.flatnonzero(np.any(np.abs(y2 - y_BxT) > 1e-6, axis=0))
+  assert changed.tolist() == list(range(4, 4 + 13 + 1))
+
+
 @pytest.mark.parametrize('kind', ['shifted', 'pooled'])
 def test_dropout_acts_in_training_only(kind):
   # At inference the stack with dropout computes what the same parameters compute without it
@@ -159,6 +189,19 @@ def test_pooled_forecast_depends_only_on_the_past(pooling):
     np.testing.assert_array_equal(future[:, :t + 1], per_position[:, :t + 1])
     present = _apply(model, variables, x_BxT.at[:, t].add(3.0), method='per_position')
     assert not np.allclose(present[:, t], per_position[:, t], atol=1e-3)
+
+
+def test_pooled_next_value_is_the_horizon_one_forecast_of_the_cut_window():
+  # With H = 3, position t's forecast of x_{t+1} is the first of the H values forecast from
+  # x_{≤t}: `__call__` on the window cut after t.
+  model = _model('pooled')
+  x_BxT = _series()
+  variables = _init(model, x_BxT)
+  next_value = _apply(model, variables, x_BxT, method='next_value')
+  assert next_value.shape == (2, 20)
+  for t in (5, 19):
+    np.testing.assert_allclose(next_value[:, t], _apply(model, variables, x_BxT[:, :t + 1])[:, 0],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_shifted_model_is_causal_per_position_with_its_receptive_field():
@@ -240,9 +283,13 @@ def test_forecast_is_jittable_and_checks_its_arguments():
                              forecasting.forecast(model, variables, history_BxT, 4), rtol=1e-6)
   for kwargs, words in [({'num_steps': 0}, 'num_steps must be an integer >= 1, got 0'),
                         ({'num_steps': 3, 'window': 9}, 'window must be None or an integer in '
+                                                        '[1, 8]'),
+                        ({'num_steps': 3, 'window': 0}, 'window must be None or an integer in '
                                                         '[1, 8]')]:
     with pytest.raises(ValueError, match=words.replace('[', r'\[').replace(']', r'\]')):
       forecasting.forecast(model, variables, history_BxT, **kwargs)
+  with pytest.raises(ValueError, match=r'history must have shape \[batch, length >= 1\]'):
+    forecasting.forecast(model, variables, history_BxT[:, :0], 2)
 
 
 # Baselines -------------------------------------------------------------------------------
@@ -311,6 +358,12 @@ def test_registry_builds_both_with_the_data_horizon_and_a_compute_dtype():
   shifted = registry.build('causal_conv_shifted', data_defaults={'horizon': 1}, channels=4)
   shifted_variables = jax.eval_shape(shifted.init, key, x_BxT)
   assert jax.eval_shape(shifted.apply, shifted_variables, x_BxT).shape == (2, 8)
+  # Without predict_change no float32 value is added back: the heads' outputs are cast.
+  for name in ('causal_conv_pooled', 'causal_conv_shifted'):
+    raw = registry.build(name, data_defaults={'horizon': 2}, dtype='bfloat16', channels=4,
+                         dilations=[1], predict_change=False)
+    raw_variables = jax.eval_shape(raw.init, key, x_BxT)
+    assert jax.eval_shape(raw.apply, raw_variables, x_BxT).dtype == jnp.float32, name
 
 
 @pytest.mark.parametrize('options, words', [

@@ -63,3 +63,33 @@ def test_bad_shapes_are_refused():
     frechet.feature_statistics(np.zeros((1, 3)))
   with pytest.raises(ValueError, match='cov2 of shape'):
     frechet.frechet_distance(np.zeros(2), np.eye(2), np.zeros(2), np.eye(3))
+  # A mean of one feature would broadcast against the other's three.
+  with pytest.raises(ValueError, match='mean2 of shape'):
+    frechet.frechet_distance(np.zeros(3), np.eye(3), np.ones(1), np.eye(3))
+
+
+def test_rank_deficient_covariances_give_the_closed_form_not_nan():
+  # Fewer samples than features give singular covariances, whose zero eigenvalues come out of
+  # eigh as ±1e-16; √ of a negative one was nan. Commuting covariances with zero eigenvalues
+  # against Σ (√a − √b)².
+  rng = np.random.default_rng(0)
+  rotation, _ = np.linalg.qr(rng.normal(size=(5, 5)))
+  a, b = np.array([0.0, 0.0, 1.0, 2.0, 3.0]), np.array([0.0, 1.5, 0.0, 2.0, 0.5])
+  mean1, mean2 = rng.normal(size=5), rng.normal(size=5)
+  expected = np.sum((mean1 - mean2)**2) + np.sum((np.sqrt(a) - np.sqrt(b))**2)
+  got = frechet.frechet_distance(mean1, rotation @ np.diag(a) @ rotation.T, mean2,
+                                 rotation @ np.diag(b) @ rotation.T)
+  assert got == pytest.approx(expected, rel=1e-7)
+  # Statistics of 3 samples of 6 features against themselves shifted by 1: d² = ‖1‖² = 6.
+  mean, cov = frechet.feature_statistics(rng.normal(size=(3, 6)))
+  assert frechet.frechet_distance(mean, cov, mean + 1, cov) == pytest.approx(6.0, rel=1e-6)
+
+
+def test_distance_between_identical_statistics_is_never_negative():
+  # d² ≥ 0: for Σ₁ = Σ₂ the trace terms cancel up to rounding, which falls below 0 for
+  # about a third of these covariances (down to −1e-15).
+  rng = np.random.default_rng(4)
+  for dims in range(2, 12):
+    cov, mean = random_covariance(rng, dims), rng.normal(size=dims)
+    got = frechet.frechet_distance(mean, cov, mean, cov)
+    assert 0.0 <= got < 1e-9, (dims, got)

@@ -140,3 +140,13 @@ def test_approximate_kernel_between_two_sets_is_the_product_of_their_features():
   z = lambda v: np.sqrt(2 / 16) * np.cos(v @ omega + phase)
   got = rff.approximate_kernel(features, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
   np.testing.assert_allclose(got, z(x) @ z(y).T, rtol=1e-5, atol=1e-6)
+
+
+def test_one_input_dimension_and_a_single_feature_are_valid_sizes():
+  # A scalar input (D_in = 1) and F = 1 feature: z(x) = √2 cos(ωx + b), written out in NumPy.
+  features = rff.sample_features(jax.random.key(3), 1, 1, GAMMA)
+  assert features.omega_DxF.shape == (1, 1) and features.num_features == 1
+  omega, phase = float(features.omega_DxF[0, 0]), float(features.phase_F[0])
+  x = np.array([-1.5, 0.0, 2.0])
+  np.testing.assert_allclose(features(jnp.asarray(x[:, None], jnp.float32))[:, 0],
+                             math.sqrt(2) * np.cos(omega * x + phase), rtol=1e-5, atol=1e-6)
