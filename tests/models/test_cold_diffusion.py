@@ -42,9 +42,11 @@ def reference_blur_step(x_BxHxWxC, sigma):
   return out
 
 
-@pytest.mark.parametrize('sigma', [1.0, 2.5])  # radius 3, and radius 8 > H: folded twice
+# Radius 3; ⌈3.3⌉ = 4 (not round(3.3) = 3); and radius 8 > H: folded twice.
+@pytest.mark.parametrize('sigma', [1.0, 1.1, 2.5])
 def test_blur_step_is_a_normalised_gaussian_convolution(sigma):
   taps = cold.gaussian_taps(sigma)
+  assert len(taps) == 2 * int(np.ceil(3 * sigma)) + 1
   np.testing.assert_allclose(taps.sum(), 1.0, rtol=1e-15)
   offsets = np.arange(len(taps)) - len(taps) // 2
   np.testing.assert_allclose(taps / taps[len(taps) // 2], np.exp(-offsets ** 2 / (2 * sigma ** 2)),
@@ -53,6 +55,9 @@ def test_blur_step_is_a_normalised_gaussian_convolution(sigma):
   # float32 sums of ≤ 17 + 17 terms; measured ≤ 1.4e−7.
   np.testing.assert_allclose(jax.jit(cold.blur_step, static_argnums=1)(x, sigma),
                              reference_blur_step(x, sigma), rtol=0, atol=1e-6)
+  if sigma == 1.0:  # the default σ
+    np.testing.assert_allclose(jax.jit(cold.blur_step)(x), reference_blur_step(x, sigma), rtol=0,
+                               atol=1e-6)
 
 
 def test_blur_is_the_step_applied_t_times():
@@ -178,6 +183,12 @@ def test_restoration_loss_is_the_mean_absolute_error():
   np.testing.assert_allclose(loss, expected, rtol=1e-6, atol=1e-7)
   perfect = cold.restoration_loss(lambda x_t, t: jnp.asarray(x0), degrade, x0, t_B)
   np.testing.assert_array_equal(perfect, 0.0)
+  # R(x_t, t) = x_t + 0.01 t must see the t it degraded with: |D(x_0, t) + 0.01 t − x_0|.
+  shifted = cold.restoration_loss(lambda x_t, t: x_t + 0.01 * t[:, None, None, None], degrade,
+                                  x0, t_B)
+  masked_x0 = np.where((rank_HxW * T < t_B[:, None, None] * H * W)[..., None], 0.0, x0)
+  expected = np.abs(masked_x0 + 0.01 * t_B[:, None, None, None] - x0).mean(axis=(1, 2, 3))
+  np.testing.assert_allclose(shifted, expected, rtol=1e-6, atol=1e-7)
 
 
 def test_bad_arguments_raise():
@@ -226,3 +237,30 @@ def test_pixel_order_is_a_random_permutation_fixed_by_its_key():
     # order puts them all in the top half (chance for a random order: about 2 · C(24, 24)/C(48, 24)).
     rows = np.nonzero(order.reshape(H, W) < H * W // 2)[0]
     assert rows.min() < H // 2 <= rows.max()
+
+
+@pytest.mark.parametrize('name', ['blur', 'mask'])
+def test_naive_sampler_calls_the_restorer_with_the_step_it_restores(name):
+  # R(x_s, s) = x_0 + 0.1 s, a restorer that depends on s: Algorithm 1 steps to
+  # x_{s−1} = D(x_0 + 0.1 s, s − 1) and ends at R(x_1, 1) = x_0 + 0.1. A sampler that called R
+  # with s − 1 passed the tests above, whose restorers ignore t.
+  degrade = degradations()[name]
+  x0 = images(8)
+  restore = lambda x_t, t: jnp.asarray(x0) + 0.1 * t[:, None, None, None].astype(jnp.float32)
+
+  def run(x0):
+    expected = jnp.stack([degrade(x0 + 0.1 * (s + 1), s) for s in range(T)])
+    return expected, cold.naive_sample(restore, degrade, degrade(x0, T), T, trajectory=True)
+
+  expected, naive = jax.jit(run)(x0)
+  np.testing.assert_allclose(naive[:T], expected, rtol=0, atol=1e-6)
+  np.testing.assert_allclose(naive[0], x0 + 0.1, rtol=0, atol=1e-6)
+
+
+def test_mask_fills_with_zero_by_default():
+  # The documented default fill is 0: every pixel is 0 at t = T, none at t = 0.
+  rank_HxW = cold.pixel_order(key(3), H, W)
+  x = images(9)
+  masked = cold.mask(x, np.array([0, T, T]), rank_HxW=rank_HxW, num_steps=T)
+  np.testing.assert_array_equal(masked[0], x[0])
+  np.testing.assert_array_equal(masked[1:], 0.0)

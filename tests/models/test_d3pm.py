@@ -297,8 +297,11 @@ def test_absorbing_sampler_unmasks_a_fraction_one_over_t_max_per_step():
     assert abs(masked[t].mean() - p) <= 4 * np.sqrt(p * (1 - p) / masked[t].size), t
 
 
-def test_absorbing_loss_gradients_are_finite_at_every_step():
-  # log 0 of the absorbing state must not leak NaN into the gradient, also at t = 1 and t = T.
+@pytest.mark.parametrize('mask_logit', [None, -np.inf])
+def test_absorbing_loss_gradients_are_finite_at_every_step(mask_logit):
+  # log 0 of the absorbing state must not leak NaN into the gradient, also at t = 1 and t = T,
+  # also for a predictor that rules out the mask as x_0 (a logit of −∞): at t = 1 both terms
+  # of ᾱ_0 p̃ + (1 − ᾱ_0) m are then 0 at the mask, and log(e^{−∞} + e^{−∞})'s gradient NaN.
   schedule = d3pm.make_schedule('absorbing', K, T)
   x0 = jnp.asarray(np.random.default_rng(10).integers(0, K - 1, (T, 7)))
   t = jnp.arange(1, T + 1)
@@ -307,6 +310,8 @@ def test_absorbing_loss_gradients_are_finite_at_every_step():
   def loss(table_KxK):
     x_t = d3pm.q_sample(key(11), schedule, x0, t)
     logits = table_KxK[x_t]
+    if mask_logit is not None:
+      logits = logits.at[..., K - 1].set(mask_logit)
     return jnp.sum(d3pm.vb_term(schedule, x0, x_t, t, logits)
                    + d3pm.DEFAULT_HYBRID_WEIGHT * d3pm.x0_cross_entropy(x0, logits))
 
@@ -360,3 +365,24 @@ def test_a_traced_step_outside_zero_to_t_gives_nan():
       jnp.array([-1, 0, T + 1]))
   assert np.all(np.isnan(probs[0])) and np.all(np.isnan(probs[2]))
   np.testing.assert_array_equal(probs[1], np.eye(K)[0])  # q(x_0 | x_0) at t = 0
+
+
+def test_one_minus_alpha_bar_keeps_its_digits_for_tiny_betas():
+  # β_t = 1e−10: 1 − ᾱ_t = 1 − (1 − 1e−10)^t ≈ t·1e−10 (to 1e−10 relative), which 1 − ᾱ_t
+  # computed from ᾱ_t in float64 gets only to ~1e−6.
+  with jax.enable_x64(True):
+    schedule = d3pm.make_schedule('uniform', K, 3, np.full(3, 1e-10))
+    np.testing.assert_allclose(schedule.one_minus_alpha_bars, np.arange(4) * 1e-10, rtol=1e-9,
+                               atol=0)
+
+
+def test_hybrid_loss_defaults_to_lambda_0_01():
+  # L_λ = L_vb term + λ·CE with λ = 0.01 (Austin et al. 2021) unless given: with one key the
+  # loss is affine in λ, so L_default = L_0 + 0.01 (L_1 − L_0).
+  schedule = d3pm.make_schedule('uniform', K, T)
+  x0 = jnp.asarray(np.random.default_rng(14).integers(0, K, (8, 3)))
+  logits_fn = lambda x_t, t: jax.nn.one_hot(x_t, K) * 2.0 + 0.1 * t[:, None, None]
+  loss = lambda *weight: d3pm.hybrid_loss(key(15), schedule, logits_fn, x0, *weight)
+  default, at_0, at_1 = jax.jit(lambda: (loss(), loss(0.0), loss(1.0)))()
+  assert np.all(np.asarray(at_1 - at_0) > 0.1)  # the cross-entropy term is not negligible
+  np.testing.assert_allclose(default, at_0 + 0.01 * (at_1 - at_0), rtol=1e-6, atol=1e-7)

@@ -286,3 +286,38 @@ def test_respacing_a_respaced_schedule_keeps_the_original_timesteps():
   np.testing.assert_array_equal(twice.timesteps_T, [1, 10])
   alpha_bars = np.cumprod(1 - np.linspace(0.05, 0.3, 10))
   np.testing.assert_allclose(twice.alpha_bars_T, alpha_bars[[0, 9]], rtol=1e-6)
+
+
+def test_linear_schedule_defaults_to_ho_et_al():
+  # Ho et al. 2020 §4: T = 1000 steps with β linear from 1e-4 to 0.02. Every other test gives T.
+  np.testing.assert_allclose(ddpm.linear_schedule().betas_T, BETAS, rtol=2e-7)
+
+
+def test_respacing_to_one_step_keeps_the_last_timestep():
+  # K = 1 keeps τ_1 = T, with β_1 = 1 − ᾱ_T: one step from pure noise to x_0, not step 1.
+  one = ddpm.respace(SCHEDULE, 1)
+  np.testing.assert_array_equal(one.timesteps_T, [T])
+  np.testing.assert_allclose(one.alpha_bars_T, ALPHA_BARS[-1:], rtol=1e-5)
+  np.testing.assert_allclose(one.betas_T, 1 - ALPHA_BARS[-1:], rtol=1e-6)
+
+
+def test_ancestral_step_adds_noise_at_every_step_but_the_first():
+  # Per-example steps t = [1, 2, 3] with the same ε: x_{t−1} = (x_t − β_t/√(1 − ᾱ_t) ε)/√α_t
+  # + σ_t z, σ_t² = β_t, written out in float64; only t = 1 is noise-free (t = 2 dropped
+  # its noise unnoticed, the other tests looking at t = 1 and t ≥ 3).
+  t_B, key = np.array([1, 2, 3]), jax.random.PRNGKey(5)
+  x_t, eps = np.random.default_rng(9).normal(size=(2, 3, 2, 2))
+  out = ddpm.p_sample_step(SCHEDULE, lambda x, t: jnp.asarray(eps, jnp.float32),
+                           jnp.asarray(x_t, jnp.float32), t_B, key)
+  beta = BETAS[t_B - 1][:, None, None]
+  mean = (x_t - beta / np.sqrt(1 - ALPHA_BARS[t_B - 1])[:, None, None] * eps) / np.sqrt(1 - beta)
+  z = np.asarray(jax.random.normal(key, x_t.shape), np.float64)
+  sigma = np.where(t_B > 1, np.sqrt(BETAS[t_B - 1]), 0.0)[:, None, None]
+  np.testing.assert_allclose(out, mean + sigma * z, rtol=1e-5, atol=1e-5)
+
+
+def test_sampler_defaults_to_all_steps_with_variance_beta():
+  # Algorithm 2 as Ho et al. ran it: all T steps and σ_t² = β_t unless asked otherwise.
+  schedule, key, shape = ddpm.respace(SCHEDULE, 4), jax.random.PRNGKey(6), (2, 2, 2)
+  np.testing.assert_array_equal(ddpm.sample(schedule, exact_eps, shape, key),
+                                ddpm.sample(schedule, exact_eps, shape, key, 4, 'beta'))

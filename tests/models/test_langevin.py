@@ -219,3 +219,34 @@ def test_permutations_that_tie_the_observed_statistic_count_toward_p(statistic):
                                                       statistic=statistic)
   assert statistic_value == 0.0
   np.testing.assert_allclose(p_value, 1.0, rtol=1e-6)
+
+
+def test_langevin_sample_takes_its_documented_steps():
+  # num_steps of x ← x + (η/2) s(x) + √η z_i, z_i from fold_in(key, i), written out in float64.
+  # The moment tests run 1,000 steps, where one step fewer goes unnoticed.
+  key, eta = jax.random.PRNGKey(3), 0.1
+  score = lambda x: -0.5 * x + 0.3
+  x = np.random.default_rng(4).normal(size=(5, 2))
+  out = langevin.langevin_sample(score, jnp.asarray(x, jnp.float32), key, eta, 3)
+  for i in range(3):
+    x = x + 0.5 * eta * score(x) + np.sqrt(eta) * np.asarray(
+        jax.random.normal(jax.random.fold_in(key, i), x.shape), np.float64)
+  np.testing.assert_allclose(out, x, rtol=1e-5, atol=1e-6)
+
+
+def test_annealed_langevin_steps_have_the_documented_sizes_and_independent_noise():
+  # A score c/σ that ignores x: after T steps at each level x = x_0 + Σ_i T (α_i/2) c/σ_i
+  # + Σ_ij √α_i z_ij, so the mean moves by T Σ_i α_i c/(2σ_i) and the variance grows by
+  # T Σ_i α_i, α_i = ε σ_i²/σ_L². Taking T − 1 steps, α_i without the square, the score at
+  # σ_L on every level, or one noise draw for several steps or levels each moves one or the
+  # other by 10 SE or more.
+  chains, sigmas, eps, steps, c = 4096, np.array([2.0, 1.0]), 0.01, 3, 2.0
+  x = jax.jit(lambda key: langevin.annealed_langevin_sample(
+      lambda x, sigma_B: jnp.broadcast_to(c / sigma_B[:, None], x.shape), jnp.zeros((chains, 2)),
+      key, sigmas, eps, steps))(jax.random.PRNGKey(7))
+  alphas = eps * sigmas**2 / sigmas[-1]**2
+  mean, variance = steps * np.sum(alphas * c / (2 * sigmas)), steps * np.sum(alphas)
+  x = np.asarray(x, np.float64)
+  # 4 SE: of the means √(v/n), of the pooled variance v √(2/(2n)); measured ≤ 1.1 and 1.4 SE.
+  assert np.all(np.abs(x.mean(0) - mean) < 4 * np.sqrt(variance / chains)), x.mean(0)
+  assert abs(x.var(0).mean() / variance - 1) < 4 * np.sqrt(1 / chains), x.var(0)

@@ -354,6 +354,7 @@ def test_bad_arguments_raise():
       (lambda: sde_lib.pc_sample(SDES['vp'], score, (2, 2), key, predictor=None, corrector=None),
        'both None'),
       (lambda: sde_lib.pc_sample(SDES['vp'], score, (2, 2), key, num_steps=0), 'num_steps=0'),
+      (lambda: sde_lib.pc_sample(SDES['vp'], score, (2, 2), key, snr=0.0), 'snr=0.0'),
       (lambda: sde_lib.ode_sample(SDES['vp'], score, (2, 2), key, method='euler'),
        "method='euler'"),
       (lambda: sde_lib.ode_sample(SDES['vp'], score, (2, 2), key, spacing='cosine'),
@@ -570,3 +571,66 @@ def test_time_grid_has_num_steps_plus_one_times_from_eps_to_t(spacing):
   expected = (eps + i * (end - eps) / steps if spacing == 'uniform'
               else eps * (end / eps)**(i / steps))
   np.testing.assert_allclose(grid, expected, rtol=1e-12)
+
+
+def test_prior_log_probs_sum_over_every_trailing_axis():
+  # log N(z; 0, v I) of examples [B, 2, 3] has D = 6 in its normaliser: one that counted only
+  # the last axis (D = 3) passed every test on [B, 2] data.
+  z = np.random.default_rng(11).normal(size=(4, 2, 3)).astype(np.float32)
+  for name, variance in (('vp', 1.0), ('subvp', 1.0), ('ve', 50.0**2)):
+    np.testing.assert_allclose(SDES[name].prior_log_prob(jnp.asarray(z)),
+                               gaussian_log_prob(z.reshape(4, 6), 0.0, variance), rtol=1e-5,
+                               err_msg=name)
+
+
+def test_euler_maruyama_predictor_is_its_documented_step():
+  # x ← x − [f(x, t) − g(t)² s(x, t)] dt + g(t) √dt z with sub-VP's f = −½β(t)x and
+  # g² = β(t)(1 − e^{−2B(t)}) written out, and the mean returned without the noise. The
+  # samplers return the last mean: a predictor that returned its noisy x as the mean passed
+  # the moment tests, its last noise g(ε) √h being small; so did the score taken at t − dt.
+  sde, t, dt, key = SDES['subvp'], 0.4, 0.02, jax.random.PRNGKey(3)
+  x0 = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (3, 2)), np.float64)
+  score = lambda x, t: -0.8 * x + 2.0 * t
+  x, mean = sde_lib.euler_maruyama_predictor(sde, lambda x, t_B: score(x, t_B[:, None]),
+                                             jnp.asarray(x0, jnp.float32), t, dt, key)
+  beta, big_b = 0.1 + t * (20.0 - 0.1), 0.1 * t + 0.5 * t**2 * (20.0 - 0.1)
+  g2 = beta * (1 - np.exp(-2 * big_b))
+  ref_mean = x0 - (-0.5 * beta * x0 - g2 * score(x0, t)) * dt
+  z = np.asarray(jax.random.normal(key, x0.shape), np.float64)
+  np.testing.assert_allclose(mean, ref_mean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(x, ref_mean + np.sqrt(g2 * dt) * z, rtol=1e-5, atol=1e-6)
+
+
+def test_pc_sampler_takes_the_corrector_steps_it_is_given():
+  # corrector_steps = 3 Langevin steps at t = T: with the corrector alone and one step the
+  # sample is `langevin_corrector` (checked against Algorithm 4 above) with n_steps = 3 from
+  # x_T, keyed as in the documented-steps test. A sampler that always took one corrector step
+  # passed the moment tests.
+  sde, key, shape, snr = SDES['ve'], jax.random.PRNGKey(7), (3, 2), 0.16
+  score = exact_score(sde)
+
+  @jax.jit
+  def both():
+    x_T = 50.0 * jax.random.normal(jax.random.fold_in(key, 1), shape)
+    corrector_key, _ = jax.random.split(jax.random.fold_in(key, 0))
+    return (sde_lib.pc_sample(sde, score, shape, key, num_steps=1, predictor=None, snr=snr,
+                              corrector_steps=3),
+            sde_lib.langevin_corrector(sde, score, x_T, 1.0, 1 - 1e-3, corrector_key, snr, 3)[1])
+
+  sampled, by_hand = both()
+  np.testing.assert_allclose(sampled, by_hand, rtol=1e-4, atol=1e-4)
+
+
+def test_samplers_default_to_the_settings_of_their_signatures():
+  # pc_sample: reverse diffusion and one Langevin step of snr 0.16 down to ε = 1e-3;
+  # ode_sample: 100 RK4 steps on the uniform grid down to ε = 1e-3. A changed default (Heun,
+  # snr 0.1) passed every test, which all give these arguments.
+  sde, key, shape = SDES['ve'], jax.random.PRNGKey(4), (3, 2)
+  score = exact_score(sde)
+  pc = lambda key, **kw: sde_lib.pc_sample(sde, score, shape, key, num_steps=3, **kw)
+  ode = lambda key, **kw: sde_lib.ode_sample(sde, score, shape, key, **kw)
+  np.testing.assert_array_equal(pc(key), pc(key, predictor='reverse_diffusion',
+                                           corrector='langevin', snr=0.16, corrector_steps=1,
+                                           eps=1e-3))
+  np.testing.assert_array_equal(ode(key), ode(key, num_steps=100, method='rk4', eps=1e-3,
+                                             spacing='uniform'))
