@@ -107,6 +107,31 @@ def test_integer_translation_equals_shift_with_zero_fill(dy, dx):
                              _shifted(image, dy, dx), atol=1e-6)
 
 
+def test_integer_translation_fills_vacated_pixels_with_fill():
+  image = _rgb(shape=(9, 8, 3))
+  np.testing.assert_allclose(augment.warp_affine(image, shift_y=-3, shift_x=2, fill=0.3),
+                             _shifted(image, -3, 2, fill=0.3), atol=1e-6)
+
+
+@pytest.mark.parametrize('name, params', [
+    ('rotation', {'max_degrees': 60.0}),
+    ('translation', {'max_fraction': 0.5}),
+    ('zoom', {'scale': (0.5, 0.6)}),
+    ('random_crop', {'padding': 3}),
+    ('affine', {'scale': (0.5, 0.6)}),
+    ('elastic', {'alpha': 34.0, 'sigma': 1.0}),
+])
+def test_geometric_transforms_read_fill_outside_the_image(name, params):
+  # On a zero image each pixel is fill times the share of its read that falls outside: in
+  # [0, fill], and fill itself where the read lies wholly outside (some pixel of 8 draws does).
+  fill = 0.6
+  draw = jax.vmap(lambda key: augment.TRANSFORMS[name].fn(key, jnp.zeros((10, 10, 1)), fill=fill,
+                                                          **params))
+  out = np.asarray(draw(_keys(8)))
+  assert out.min() >= 0 and out.max() <= fill + 1e-6
+  assert np.isclose(out, fill, atol=1e-6).any()
+
+
 def test_affine_moves_a_linear_image_by_the_documented_map():
   # Bilinear resampling reproduces a linear image exactly wherever the source lies inside.
   height, width = 16, 20
@@ -256,6 +281,16 @@ def test_row_and_column_shifts_are_drawn_independently(name):
   assert abs(np.corrcoef(shift_y, shift_x)[0, 1]) < 4 / np.sqrt(len(drawn))
 
 
+def test_affine_parameters_are_drawn_independently():
+  # One key per parameter: every pair of the five is uncorrelated over 304 draws (4 standard
+  # errors); two drawn from one key would have a correlation of 1.
+  drawn = [_drawn_geometry(example)
+           for example in _per_example_batches('affine', _coordinate_image(12, 12))]
+  values_Px5 = np.array([[d[param] for param in _NEUTRAL_GEOMETRY] for d in drawn])
+  correlations = np.corrcoef(values_Px5.T)[~np.eye(5, dtype=bool)]
+  assert np.all(np.abs(correlations) < 4 / np.sqrt(len(drawn))), correlations
+
+
 def test_gaussian_smooth_of_an_impulse_is_a_unit_gaussian():
   size, sigma = 41, 3.0
   impulse = np.zeros((size, size), np.float32)
@@ -265,6 +300,28 @@ def test_gaussian_smooth_of_an_impulse_is_a_unit_gaussian():
   offsets = np.arange(size) - size // 2
   np.testing.assert_allclose((blurred.sum(axis=1) * offsets ** 2).sum(), sigma ** 2, rtol=1e-3)
   np.testing.assert_allclose(blurred, blurred.T, atol=1e-7)
+
+
+def test_gaussian_smooth_is_the_documented_sum_when_sigma_spans_the_image():
+  # out[i, j] = sum over k, l of w_H(i - k) w_W(j - l) f[k, l], w_N(d) = exp(-d²/2σ²) normalised
+  # over |d| < N; with sigma as wide as the image the largest offsets carry weight too.
+  height, width, sigma = 5, 7, 4.0
+  field = np.random.default_rng(0).uniform(-1, 1, (height, width))
+
+  def weights(size):
+    offsets = np.arange(-(size - 1), size)
+    kernel = np.exp(-offsets ** 2 / (2 * sigma ** 2))
+    return dict(zip(offsets, kernel / kernel.sum()))
+
+  w_H, w_W = weights(height), weights(width)
+  expected = np.zeros((height, width))
+  for i in range(height):
+    for j in range(width):
+      for k in range(height):
+        for l in range(width):
+          expected[i, j] += w_H[i - k] * w_W[j - l] * field[k, l]
+  blurred = augment.gaussian_smooth(jnp.asarray(field, jnp.float32), sigma)
+  np.testing.assert_allclose(blurred, expected, atol=1e-6)
 
 
 def test_elastic_deformation_displaces_pixels_by_alpha_times_the_smoothed_noise():
@@ -487,6 +544,30 @@ def test_cutmix_pasted_fraction_follows_the_documented_box_law(alpha):
   assert abs(pasted.var(ddof=1) - variance) < 5 * np.sqrt((fourth - variance ** 2) / len(pasted))
 
 
+def test_cutmix_covers_rows_and_columns_of_a_wide_image_as_the_box_law_says():
+  # On an H x W image the box is floor(H sqrt(u)) x floor(W sqrt(u)) pixels, u = 1 - λ, with
+  # its centre (top + h // 2, left + w // 2) a uniform pixel. A side k of N has probability
+  # I(((k + 1)/N)²) - I((k/N)²), so row or column x is covered with probability
+  # Σ_k P(k) #{centres c: c - k // 2 <= x < c - k // 2 + k} / N; 5 binomial standard errors.
+  batch_size, height, width, alpha = 64, 4, 12, 1.0
+  values = (np.arange(batch_size) + 1) / (batch_size + 1)
+  images = np.broadcast_to(values[:, None, None, None], (batch_size, height, width, 1))
+  images, labels = images.astype(np.float32), np.eye(batch_size, dtype=np.float32)
+  mix = jax.jit(jax.vmap(lambda key, x, y: augment.cutmix(key, x, y, alpha)[0], (0, None, None)))
+  pasted = (np.asarray(mix(_keys(16), images, labels)) != images).reshape(-1, height, width)
+  for covered, size in ((pasted.any(axis=2), height), (pasted.any(axis=1), width)):
+    expected = np.zeros(size)
+    for side in range(size + 1):
+      probability = (special.betainc(alpha, alpha, min(((side + 1) / size) ** 2, 1))
+                     - special.betainc(alpha, alpha, (side / size) ** 2))
+      for centre in range(size):
+        start = centre - side // 2
+        expected[max(start, 0):start + side] += probability / size
+    n = len(covered)
+    assert np.all(np.abs(covered.mean(axis=0) - expected)
+                  < 5 * np.sqrt(expected * (1 - expected) / n)), (covered.mean(axis=0), expected)
+
+
 # Colour.
 
 
@@ -513,6 +594,9 @@ def test_colour_transforms_reject_two_channels():
 def test_brightness_multiplies_by_a_factor_in_range():
   image = _rgb(shape=(8, 8, 3), low=0.05, high=0.7)
   np.testing.assert_allclose(augment.adjust_brightness(image, 1.3), np.clip(image * 1.3, 0, 1),
+                             atol=1e-6)
+  # Values above 1 / 1.8 come out as 1.
+  np.testing.assert_allclose(augment.adjust_brightness(image, 1.8), np.clip(image * 1.8, 0, 1),
                              atol=1e-6)
   factors = []
   for key in _keys(10):
@@ -578,6 +662,15 @@ def test_hsv_conversion_matches_matplotlib_and_round_trips():
   hsv = np.asarray(augment.rgb_to_hsv(image))
   np.testing.assert_allclose(hsv, matplotlib.colors.rgb_to_hsv(image), atol=1e-6)
   np.testing.assert_allclose(augment.hsv_to_rgb(hsv), image, atol=1e-6)
+
+
+def test_hsv_to_rgb_takes_the_hue_modulo_one_turn():
+  # -1e-8 turns is 1.0 after a float32 mod, the seventh sixth: it must wrap round to red.
+  hues = np.array([-1e-8, -1.0, 1.0, 2.25, -0.6])
+  hsv = np.stack([hues, np.full(5, 0.8), np.full(5, 0.9)], axis=-1)
+  expected = matplotlib.colors.hsv_to_rgb(np.stack([hues % 1, hsv[:, 1], hsv[:, 2]], axis=-1))
+  np.testing.assert_allclose(augment.hsv_to_rgb(jnp.asarray(hsv[None], jnp.float32))[0],
+                             expected, atol=1e-6)
 
 
 @pytest.mark.parametrize('delta', [0.0, 1.0, -1.0])
@@ -652,6 +745,36 @@ def test_color_jitter_draws_its_order_and_factors_per_key():
   assert len(np.unique(np.round(factors, 4))) == count
   # Independent draws are uncorrelated: 4 standard errors of the sample correlation.
   assert abs(np.corrcoef(factors, turns)[0, 1]) < 4 / np.sqrt(count)
+
+
+def test_color_jitter_draws_brightness_contrast_and_saturation_by_their_own_strengths_and_keys():
+  # Without hue the three commute: with g each pixel's luma and m their mean, the output is
+  # b m + b c (g - m) + b c s (x - g) in any order, so a least-squares fit of it on 1, g - m and
+  # x - g gives the factors b, c and s. Each lies in its own strength's range, and independent
+  # draws are uncorrelated (4 standard errors of the sample correlation).
+  image = _rgb(shape=(6, 6, 3), low=0.3, high=0.4).astype(np.float64)
+  strengths = {'brightness': 0.1, 'contrast': 0.3, 'saturation': 0.5}
+  count = 64
+  jitter = jax.jit(jax.vmap(lambda key: augment.color_jitter(
+      key, image.astype(np.float32), hue=0.0, **strengths)))
+  outputs = np.asarray(jitter(_keys(count))).astype(np.float64)
+  gray = (image @ np.array([0.299, 0.587, 0.114]))[..., None]
+  mean = gray.mean()
+  design = np.stack([np.ones(image.shape), np.broadcast_to(gray - mean, image.shape),
+                     image - gray], axis=-1).reshape(-1, 3)
+  factors = []
+  for out in outputs:
+    (offset, gray_slope, colour_slope), *_ = np.linalg.lstsq(design, out.ravel(), rcond=None)
+    np.testing.assert_allclose(design @ [offset, gray_slope, colour_slope], out.ravel(),
+                               atol=1e-5)
+    b = offset / mean
+    factors.append([b, gray_slope / b, colour_slope / gray_slope])
+  for values, strength in zip(np.array(factors).T, strengths.values()):
+    low, high = 1 - strength, 1 + strength
+    assert low - 1e-4 <= values.min() < low + strength / 2, (strength, values.min())
+    assert high - strength / 2 < values.max() <= high + 1e-4, (strength, values.max())
+  correlations = np.corrcoef(np.array(factors).T)[~np.eye(3, dtype=bool)]
+  assert np.all(np.abs(correlations) < 4 / np.sqrt(count)), correlations
 
 
 # Noise.
@@ -850,6 +973,26 @@ def test_random_erasing_box_lies_anywhere_inside_with_uniform_offsets():
     assert np.all(np.abs(counts[:size - side + 1] - n * q) < 5 * np.sqrt(n * q * (1 - q))), counts
 
 
+def test_random_erasing_box_sides_follow_area_and_aspect_on_a_wide_image():
+  # An 8 x 32 image, area fraction 1/8 (32 pixels) and height/width 1/8: sides sqrt(32 / 8) = 2
+  # and sqrt(32 * 8) = 16, wider than the image is tall.
+  erase = jax.jit(jax.vmap(functools.partial(
+      augment.random_erasing, image_HxWxC=np.zeros((8, 32, 1), np.float32),
+      area=(0.125, 0.125), aspect=(0.125, 0.125), fill=1.0)))
+  erased = np.asarray(erase(_keys(20)))[..., 0] == 1
+  np.testing.assert_array_equal(erased.any(axis=2).sum(axis=1), 2)
+  np.testing.assert_array_equal(erased.any(axis=1).sum(axis=1), 16)
+  np.testing.assert_array_equal(erased.sum(axis=(1, 2)), 32)
+
+
+def test_random_erasing_box_sides_are_at_least_one_pixel():
+  # 1% of a 4 x 4 image is 0.16 pixels: sides round to 0, clipped to 1, so one pixel is erased.
+  erase = jax.jit(jax.vmap(functools.partial(
+      augment.random_erasing, image_HxWxC=np.zeros((4, 4, 1), np.float32), area=(0.01, 0.01),
+      aspect=(1.0, 1.0), fill=1.0)))
+  np.testing.assert_array_equal(np.asarray(erase(_keys(4))).sum(axis=(1, 2, 3)), 1)
+
+
 def _box_corners(masks_NxHxW):
   """Top row and left column of each mask's box."""
   return masks_NxHxW.any(axis=2).argmax(axis=1), masks_NxHxW.any(axis=1).argmax(axis=1)
@@ -872,12 +1015,13 @@ def test_box_rows_and_columns_are_drawn_independently():
 
 def test_cutout_centre_is_uniform_over_every_pixel():
   # With size 2 the box covers rows centre - 1 and centre (clipped), so its last row is the
-  # centre; the centre is a uniform pixel, the last row and column included.
-  size, draws = 6, 600
-  image = np.full((size, size, 1), 0.5, np.float32)
+  # centre; the centre is a uniform pixel, the last row and column included. The image is
+  # wider than tall, so a column drawn like a row would miss the last columns.
+  height, width, draws = 6, 9, 600
+  image = np.full((height, width, 1), 0.5, np.float32)
   cut = jax.jit(jax.vmap(functools.partial(augment.cutout, image_HxWxC=image, size=2)))
   masked = np.asarray(cut(_keys(draws)))[..., 0] == 0
-  for axis in (1, 2):
+  for axis, size in ((1, height), (2, width)):
     covered = masked.any(axis=3 - axis)
     last = size - 1 - covered[:, ::-1].argmax(axis=1)
     counts = np.bincount(last, minlength=size)

@@ -97,6 +97,14 @@ def test_window_indices_outside_the_source_are_refused(training):
   np.testing.assert_array_equal(windows[-n]['tokens'], windows[0]['tokens'])
 
 
+def test_windows_keep_token_ids_beyond_16_bits():
+  # A GPT-2-sized vocabulary has ids up to 50,256.
+  tokens = np.array([40_000, 70_000, 5, 50_256])
+  for training in (True, False):
+    np.testing.assert_array_equal(text.TokenWindows(tokens, 3, training=training)[0]['tokens'],
+                                  tokens)
+
+
 def test_text_shorter_than_a_window_is_refused():
   with pytest.raises(ValueError) as error:
     text.TokenWindows(np.arange(8), 8, training=True)
@@ -257,6 +265,7 @@ def test_crash_while_saving_leaves_no_tokenizer_file(tmp_path, monkeypatch):
 @pytest.mark.parametrize('kind, vocab_size, parts', [
     ('word', None, ["'word'", 'char', 'byte_bpe']),
     ('char', 100, ['char', '100']),
+    ('char', 0, ['vocab_size must be None', 'not 0']),
     ('byte_bpe', None, ['256', 'None']),
     ('byte_bpe', 200, ['256', '200']),
 ])
@@ -367,6 +376,19 @@ def test_workdir_tokenizer_of_another_source_is_refused_and_the_same_source_relo
   monkeypatch.setattr(text, 'make_tokenizer', lambda *args, **kwargs: pytest.fail('retrained'))
   _, _, again = text.make_sources(config, str(workdir))
   assert again['tokenizer'].vocab == meta['tokenizer'].vocab
+
+
+def test_token_counts_cover_a_saved_vocabulary_beyond_the_train_text(tmp_path):
+  # A file that records no train text may hold characters the train split lacks: '~' sorts last,
+  # so its id is the largest and its count 0; the counts still run over the whole vocabulary.
+  workdir = tmp_path / 'work'
+  workdir.mkdir()
+  vocab = sorted(set(SYNTHETIC) | {'~'})
+  tokenizers.CharTokenizer(vocab).save(workdir / 'tokenizer.json')
+  _, _, meta = text.make_sources(_config(tmp_path, _write_source(tmp_path, SYNTHETIC)),
+                                 str(workdir))
+  assert meta['vocab_size'] == len(vocab) and vocab[-1] == '~'
+  assert meta['token_counts'].tolist() == [SYNTHETIC[:900].count(c) for c in vocab]
 
 
 def test_a_tokenizer_file_without_a_train_character_is_named_and_kept(tmp_path):
@@ -510,6 +532,28 @@ def test_token_records_are_the_windows_and_their_counts_are_the_train_splits(mon
   assert meta['window'] == 2 and meta['vocab_size'] == 4 and meta['unit'] == 'token'
   assert meta['token_counts'].tolist() == [1, 2, 1, 2]  # 0 once, 1 twice, 2 once, 3 twice
   assert evaluation[0]['tokens'].tolist() == [2, 2, 2] and len(train) == 2
+
+
+def test_token_record_counts_cover_ids_the_train_split_lacks(monkeypatch):
+  # Vocabulary 'abcde': id 4 never occurs, and still has its count.
+  config = _token_records(monkeypatch, {'train': [[0, 1, 2]], 'validation': [[3, 3, 3]]},
+                          vocab='abcde')
+  _, _, meta = text.make_sources(config, '')
+  assert meta['token_counts'].tolist() == [1, 1, 1, 0, 0]
+
+
+@pytest.mark.parametrize('window', [1, 3, 2.0])
+def test_a_window_other_than_the_records_is_refused(monkeypatch, window):
+  splits = {'train': [[0, 1, 2]], 'validation': [[3, 3, 3]]}
+  config = _token_records(monkeypatch, splits)
+  config.window = 2
+  assert text.make_sources(config, '')[2]['window'] == 2
+  config = _token_records(monkeypatch, splits)
+  config.window = window
+  with pytest.raises(ValueError) as error:
+    text.make_sources(config, '')
+  assert_one_sentence(str(error.value), 'windows of 2 tokens', 'must be None or 2',
+                      f'not {window!r}')
 
 
 @pytest.mark.parametrize('splits, parts', [

@@ -138,6 +138,8 @@ def test_learn_bpe_rejects_bad_arguments():
     tokenizers.learn_bpe({'az': 1}, 'a', num_merges=1)
   with pytest.raises(ValueError, match='vocab_size=100 is smaller than the base vocabulary of 256'):
     tokenizers.ByteBPETokenizer.train('abc', vocab_size=100)
+  with pytest.raises(ValueError, match='The base vocabulary has repeated symbols'):
+    tokenizers.learn_bpe({'ab': 1}, ['a', 'b', 'a'], num_merges=1)
 
 
 # Byte-level BPE.
@@ -149,11 +151,21 @@ def test_gpt2_byte_alphabet_facts():
   assert alphabet[ord('A')] == 'A' and alphabet[ord('~')] == '~' and alphabet[0xE9] == 'é'
   assert alphabet[0] == '\u0100' and alphabet[ord(' ')] == 'Ġ' and alphabet[ord('\n')] == 'Ċ'
   assert alphabet[0xAD] == '\u0143'
+  # Stand-ins: bytes 0..32 take 256..288, 127..160 take 289..322 and 0xAD (soft hyphen) 323.
+  assert alphabet[0x7F] == '\u0121' and alphabet[0xA0] == '\u0142'
+  assert alphabet[0xA1] == '¡' and alphabet[0xAC] == '¬' and alphabet[0xAE] == '®'
+  assert alphabet[0xFF] == 'ÿ'
+  assert sorted(ord(c) for c in alphabet if ord(c) >= 256) == list(range(256, 324))
 
 
 def test_gpt2_pretokenisation():
   assert regex.findall(tokenizers.GPT2_PATTERN, "Hello world's 123  !!\n\nok") == [
       'Hello', ' world', "'s", ' 123', ' ', ' !!', '\n', '\n', 'ok']
+  # Every lower-case contraction is a piece of its own; GPT-2's are case-sensitive.
+  assert regex.findall(tokenizers.GPT2_PATTERN, "I'm sure they'll say it'd do; we're, you've, "
+                                                "don't IT'S") == [
+      'I', "'m", ' sure', ' they', "'ll", ' say', ' it', "'d", ' do', ';', ' we', "'re", ',',
+      ' you', "'ve", ',', ' don', "'t", ' IT', "'", 'S']
 
 
 def test_trained_vocabulary_has_the_requested_size_and_is_built_from_merges(bpe):
@@ -202,6 +214,16 @@ def test_encode_applies_arbitrary_merge_lists_in_order(seed):
     text = ''.join(rng.choice('ab') for _ in range(rng.randint(0, 30)))
     assert tokenizer.encode(text) == _reference_encode(tokenizer, text)
     assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_training_with_a_pattern_keeps_it_for_encoding():
+  # Whole runs of non-space: 'ab,ab,ab' is one piece, so (a, b) and then (',', 'ab') (tied with
+  # ('ab', ','), 2 each; ',' < 'ab') are learnt. GPT-2's pattern would cut at each comma.
+  pattern = r'\S+|\s+'
+  tokenizer = tokenizers.ByteBPETokenizer.train('ab,ab,ab', 258, pattern=pattern)
+  assert tokenizer.pattern == pattern
+  assert tokenizer.merges == [('a', 'b'), (',', 'ab')]
+  assert tokenizer.encode('ab,ab') == [256, 257]
 
 
 def test_encoding_compresses_the_training_text(bpe):
@@ -347,6 +369,11 @@ def test_save_load_round_trip_gives_identical_encodings(bpe, tmp_path):
   assert loaded.train_sha256 == loaded_char.train_sha256 == tokenizers.text_sha256(CORPUS)
 
 
+def test_train_text_digest_is_the_sha256_of_the_utf8_bytes():
+  # A lone surrogate counts as its three bytes (U+DCFF: ED B3 BF), as UTF-8 would write it.
+  assert tokenizers.text_sha256('é\udcff') == hashlib.sha256(b'\xc3\xa9\xed\xb3\xbf').hexdigest()
+
+
 def test_saved_file_has_the_documented_fields(bpe, tmp_path):
   bpe.save(tmp_path / 'bpe.json')
   payload = json.loads((tmp_path / 'bpe.json').read_text(encoding='utf-8'))
@@ -416,8 +443,10 @@ def _corrupt(payload, **changes):
     (lambda text, payload: _corrupt(payload, vocab=payload['vocab'] + ['a']), 'distinct'),
     (lambda text, payload: _corrupt(payload, merges=[['zz', 'q']]), 'uses a token not made'),
     (lambda text, payload: _corrupt(payload, merges=[['a']]), 'string pairs'),
+    (lambda text, payload: _corrupt(payload, merges=[['a', 'b', 'c']]), 'string pairs'),
     (lambda text, payload: _corrupt(payload, pattern='(unclosed'), 'invalid'),
     (lambda text, payload: _corrupt(payload, train_sha256='abc'), '"train_sha256" must be 64'),
+    (lambda text, payload: _corrupt(payload, train_sha256='0' * 40), '"train_sha256" must be 64'),
 ])
 def test_bad_files_raise_value_errors_naming_the_file(bpe, tmp_path, make_text, message):
   good = tmp_path / 'good.json'
