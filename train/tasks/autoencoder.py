@@ -143,9 +143,7 @@ class Autoencoding(base.Task):
       value = getattr(self, option)
       if not (isinstance(value, numbers.Real) and 0 <= value < math.inf):
         raise ValueError(f'task.{option} must be a finite non-negative number, got {value!r}.')
-    scale = self.input_scale
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
-      raise ValueError(f'task.input_scale must be a finite positive number, got {scale!r}.')
+    base.check_input_scale(self.input_scale)
 
   def preprocess(self, records):
     return {'input': np.asarray(records[self.input_key], np.float32) * np.float32(self.input_scale)}

@@ -17,6 +17,8 @@ device. Examples whose eval `mask` is 0 are removed from both sums.
 """
 
 import dataclasses
+import math
+import numbers
 import zlib
 from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
@@ -34,6 +36,14 @@ def mean_over(values: jax.Array, weights: jax.Array | None = None) -> tuple[jax.
     return values, jnp.ones_like(values)
   weights = weights.astype(jnp.float32)
   return values * weights, weights
+
+
+def check_input_scale(scale) -> None:
+  """One sentence unless `scale` (a task's `input_scale`, the factor its inputs are multiplied
+  by on the host) is a finite positive real number; a bool, NaN or 0 would train silently on
+  wrong inputs."""
+  if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
+    raise ValueError(f'task.input_scale must be a finite positive number, got {scale!r}.')
 
 
 def stream_key(step_key: jax.Array, name: str) -> jax.Array:

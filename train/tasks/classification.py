@@ -1,8 +1,6 @@
 """Classification: softmax cross-entropy over class logits, with accuracy."""
 
 import dataclasses
-import math
-import numbers
 from typing import Any
 
 import jax
@@ -40,9 +38,7 @@ class Classification(base.Task):
   augment: Any = ()
 
   def validate(self):
-    scale = self.input_scale
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
-      raise ValueError(f'task.input_scale must be a finite positive number, got {scale!r}.')
+    base.check_input_scale(self.input_scale)
     mean, std = tuple(self.input_mean or ()), tuple(self.input_std or ())
     if len(mean) != len(std):
       raise ValueError(f'task.input_mean {mean!r} and task.input_std {std!r} must give one value '
