@@ -180,7 +180,6 @@ def test_sampling_follows_a_deterministic_corpus():
   assert ''.join(VOCAB[i] for i in drawn) == 'bcabcab'
 
 
-
 def test_sampling_from_a_prompt_shorter_than_the_context_reads_it_as_the_latest_ids():
   # Order 3 after the single id "a": the history is (before the text, a), so the bigram
   # level continues with "b", then the trigram levels with "c", "a", ... Read as (a, before
