@@ -164,6 +164,26 @@ def test_held_out_records_are_distinct_and_never_in_train(prepared):
   assert not seen['validation'] & seen['test']
 
 
+def test_a_draw_repeating_a_held_out_record_is_skipped(monkeypatch):
+  # Draws whose first token is a hand-picked label, so records repeat; worked out by hand:
+  # validation keeps 0, 1 (its second 0 skipped); test skips 1 and 0 (held out), keeps 2, 3;
+  # train skips 3, 0 and 2, and keeps its own repeat of 4.
+  streams = {'validation': [0, 0, 1], 'test': [1, 2, 0, 3], 'train': [3, 4, 4, 0, 5, 2, 6]}
+  monkeypatch.setattr(associative_recall, 'SPLIT_SIZES', {'train': 4, 'validation': 2, 'test': 2})
+  monkeypatch.setattr(associative_recall, 'draw', lambda split, index, length: np.full(
+      length + 1, streams[split][index], np.int16))
+  records = associative_recall.generate(LENGTH)
+  assert {split: rows[:, 0].tolist() for split, rows in records.items()} == {
+      'validation': [0, 1], 'test': [2, 3], 'train': [4, 4, 5, 6]}
+
+
+def test_ties_between_sort_numbers_go_to_the_lower_index():
+  numbers = np.frombuffer(np.random.default_rng(0).integers(0, 4, 200).astype('>u4').tobytes(),
+                          '>u4')  # many ties
+  expected = sorted(range(200), key=lambda i: (numbers[i], i))[:100]
+  assert associative_recall._smallest(numbers, 100).tolist() == expected
+
+
 @pytest.mark.parametrize('length', [63, 96, 32, 0, 32768, '64', 64.0, True])
 def test_a_length_no_example_can_have_is_refused(length, tmp_path):
   with pytest.raises(ValueError) as error:

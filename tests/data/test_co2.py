@@ -59,6 +59,16 @@ def test_split_sizes_follow_the_rule_worked_out_by_hand(data_dir):
   assert co2.split_bounds(526) == {'train': (0, 422), 'validation': (422, 474), 'test': (474, 526)}
 
 
+def test_split_bounds_of_the_shortest_series_and_refusal_of_shorter_ones():
+  # n // 10 months each for test and validation: 1 each from n = 10 to 19, 2 at n = 20.
+  assert co2.split_bounds(10) == {'train': (0, 8), 'validation': (8, 9), 'test': (9, 10)}
+  assert co2.split_bounds(19) == {'train': (0, 17), 'validation': (17, 18), 'test': (18, 19)}
+  assert co2.split_bounds(20) == {'train': (0, 16), 'validation': (16, 18), 'test': (18, 20)}
+  for n in (9, 1):
+    with pytest.raises(ValueError, match='too short to split'):
+      co2.split_bounds(n)
+
+
 def test_splits_are_consecutive_months_in_time_order_without_overlap(data_dir):
   months = [(r['year'], r['month']) for split in SPLITS for r in _records(data_dir, split)]
   index = [12 * year + month - 1 for year, month in months]

@@ -10,6 +10,7 @@ repository; those tests skip when the folder is absent.
 
 import collections
 import gzip
+import logging
 import os
 import random
 import shutil
@@ -20,9 +21,11 @@ import time
 import ml_collections
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
 from data import datasets
 from data import inputs
+from data.builders import digits
 from data.builders import fashion_mnist
 from data.builders import mnist1d
 from data.builders import tiny_shakespeare
@@ -280,6 +283,66 @@ def test_data_dir_comes_from_the_environment(tmp_path, monkeypatch):
   monkeypatch.setenv(datasets.DATA_DIR_ENV_VAR, str(tmp_path))
   assert len(datasets.load('digits', 'test')) == 360
   assert (tmp_path / 'jaxlab_digits').is_dir()
+
+
+def test_data_dir_argument_is_preferred_to_the_environment(tmp_path, monkeypatch):
+  monkeypatch.setenv(datasets.DATA_DIR_ENV_VAR, str(tmp_path / 'from_env'))
+  builder = datasets.make_builder('digits', data_dir=tmp_path / 'given')
+  assert builder.data_dir.startswith(str(tmp_path / 'given'))
+
+
+def test_only_incomplete_folders_of_the_version_being_prepared_are_removed(tmp_path):
+  names = ('1.0.0', 'incomplete.abc_1.0.0', 'incomplete.xyz_2.0.0', 'other_1.0.0')
+  for name in names:
+    (tmp_path / name).mkdir()
+  datasets._remove_incomplete(str(tmp_path / '1.0.0'))
+  assert sorted(os.listdir(tmp_path)) == ['1.0.0', 'incomplete.xyz_2.0.0', 'other_1.0.0']
+
+
+def test_tfds_records_below_error_are_dropped_and_errors_kept():
+  def record(pathname, level):
+    return logging.LogRecord('absl', level, pathname, 1, 'message', None, None)
+  tfds_file = os.path.join(os.sep, 'site-packages', 'tensorflow_datasets', 'core', 'x.py')
+  keep = datasets._DropTfdsRecords().filter
+  assert not keep(record(tfds_file, logging.WARNING)) and not keep(record(tfds_file, logging.INFO))
+  assert keep(record(tfds_file, logging.ERROR)) and keep(record(tfds_file, logging.CRITICAL))
+  assert keep(record(os.path.join(os.sep, 'work', 'train.py'), logging.INFO))
+
+
+def test_info_takes_the_source_dir_load_takes(tmp_path):
+  info = datasets.info('tiny_shakespeare', data_dir=tmp_path, source_dir=tmp_path)
+  assert 'text' in info.features
+
+
+def test_quiet_preparation_restores_the_progress_bar_setting():
+  from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
+  before = getattr(tqdm_utils, '_active', True)
+  try:
+    for setting in (False, True):
+      tfds.display_progress_bar(setting)
+      with datasets._tfds_quiet():
+        assert not tqdm_utils._active
+      assert tqdm_utils._active == setting
+  finally:
+    tfds.display_progress_bar(before)
+
+
+def test_a_source_whose_last_record_cannot_be_read_is_damaged(tmp_path, monkeypatch):
+  # A shard cut short may give its first records and fail on its last.
+  class CutShort:
+    def __len__(self):
+      return 5
+
+    def __getitem__(self, index):
+      if index == 4:
+        raise RuntimeError('record 4 lies past the end of its shard')
+      return {'label': 0}
+
+  datasets.load('digits', 'test', data_dir=tmp_path)
+  monkeypatch.setattr(digits.Digits, 'as_data_source', lambda self, split: CutShort())
+  with pytest.raises(ValueError) as error:
+    datasets.load('digits', 'test', data_dir=tmp_path)
+  assert_one_sentence(str(error.value), "is damaged (split 'test': record 4 lies past the end")
 
 
 def test_missing_local_files_fail_fast_naming_what_to_set(tmp_path):

@@ -122,6 +122,26 @@ def test_formats_write_the_documented_examples():
         dates.format_date(date, i)
 
 
+def test_two_digit_year_formats_are_allowed_exactly_from_1950_to_2049():
+  every, two_digit = set(range(18)), {4, 14, 16}  # the formats with YY
+  for date, allowed in ((datetime.date(1949, 12, 31), every - two_digit),
+                        (datetime.date(1950, 1, 1), every), (datetime.date(2049, 12, 31), every),
+                        (datetime.date(2050, 1, 1), every - two_digit),
+                        (datetime.date(1900, 1, 1), every - two_digit)):
+    assert dates.formats_for(date) == tuple(sorted(allowed)), date
+
+
+def test_encode_pads_with_zero_bytes_and_refuses_texts_it_cannot_hold():
+  record = dates.encode('3.3.21', '2021-03-03')
+  assert record['source'].tolist() == [ord(c) for c in '3.3.21'] + [0] * 34
+  assert record['target'].tolist() == [ord(c) for c in '2021-03-03']
+  assert (record['source_length'], record['target_length']) == (6, 10)
+  for source, target in (('3.3\x0021', '2021-03-03'), ('', '2021-03-03'), ('x' * 41, '2021-03-03'),
+                         ('3.3.21', '2021-03-031')):
+    with pytest.raises(ValueError, match='nonzero ASCII bytes'):
+      dates.encode(source, target)
+
+
 def test_split_sizes_and_record_layout(prepared, tmp_path):
   assert {split: len(arrays['source']) for split, arrays in prepared.items()} == SIZES
   info = datasets.info('dates', data_dir=tmp_path)

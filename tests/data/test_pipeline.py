@@ -74,6 +74,15 @@ def test_eval_batches_pad_and_mask():
   assert values[mask == 1].astype(int).tolist() == list(range(23))
 
 
+@pytest.mark.parametrize('size, expected_batches', [(20, 2), (1, 1), (10, 1), (11, 2)])
+def test_eval_batches_are_ceil_of_size_over_batch_and_add_no_empty_batch(size, expected_batches):
+  # ceil(size / 10) batches: a size that is a multiple of the batch gets no all-padding batch.
+  batches = list(pipeline.eval_batches(_source(size), global_batch_size=10, preprocess=_preprocess))
+  assert len(batches) == expected_batches
+  mask = np.concatenate([b['mask'] for b in batches])
+  np.testing.assert_array_equal(mask, np.arange(10 * expected_batches) < size)
+
+
 def test_batch_not_divisible_by_processes():
   with pytest.raises(ValueError, match='global batch size 10 must be a positive multiple of the process count 3'):
     pipeline.train_iterator(_source(), global_batch_size=10, seed=0, preprocess=_preprocess,

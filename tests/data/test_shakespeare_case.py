@@ -141,6 +141,15 @@ def test_missing_tiny_shakespeare_folder_fails_fast_naming_what_to_set(tmp_path)
                       'TINY_SHAKESPEARE_DIR', str(tmp_path))
 
 
+def test_lines_are_cut_at_newlines_only_and_keep_their_other_characters():
+  # '\r', form feeds and the other characters str.splitlines cuts at stay inside a piece, and
+  # so do leading and trailing spaces; the reference is the regular expression of the module.
+  text = '  Lead\r\nA\x0bB\x0cC\x1cD\x85E\u2028F\n\n' + 'x' * 130 + ' \n end  '
+  expected = re.findall(r'[^\n]{1,64}', text)
+  assert shakespeare_case.pieces(text) == expected
+  assert expected[:2] == ['  Lead\r', 'A\x0bB\x0cC\x1cD\x85E\u2028F'] and expected[-1] == ' end  '
+
+
 def test_a_piece_of_every_length_from_1_to_64_is_encoded_and_others_are_refused():
   record = shakespeare_case.encode('A' * 64)
   assert record['length'] == 64 and record['tags'].tolist() == [1] * 64

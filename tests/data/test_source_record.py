@@ -4,6 +4,7 @@ Reference: the files' own bytes (two folders whose `input.txt` differ by one wor
 byte-for-byte copy in a third folder).
 """
 
+import hashlib
 import os
 import shutil
 
@@ -117,3 +118,60 @@ def test_a_preparation_stopped_once_its_folder_is_in_place_still_keeps_its_recor
   assert_one_sentence(str(error.value), "'tiny_shakespeare'", str(other), 'given by source_dir')
   train = datasets.load('tiny_shakespeare', 'train', data_dir=data_dir, source_dir=first)
   assert train[0]['text'].decode('utf-8') == TEXT[:len(train[0]['text'])]
+
+
+def test_source_dir_is_preferred_to_the_environment_variable(tmp_path, monkeypatch):
+  # Prepared from, and checked against, the folder passed, not the one in the environment.
+  first = _folder(tmp_path / 'first', TEXT)
+  other = _folder(tmp_path / 'other', TEXT.replace('Citizen', 'Senator'))
+  monkeypatch.setenv('TINY_SHAKESPEARE_DIR', str(other))
+  train = datasets.load('tiny_shakespeare', 'train', data_dir=tmp_path / 'tfds', source_dir=first)
+  assert train[0]['text'].decode('utf-8') == TEXT[:len(train[0]['text'])]
+
+
+class _TwoFiles:
+  """A builder reading two files, with no default folder unless a test gives some."""
+  SOURCE_FILES = ('a.txt', 'b.txt')
+  SOURCE_ENV_VAR = 'JAXLAB_TEST_SOURCE_DIR'
+  SOURCE_DEFAULT_DIRS = ()
+
+
+def _files_folder(path, contents):
+  path.mkdir()
+  for name, text in contents.items():
+    (path / name).write_text(text, encoding='utf-8')
+  return path
+
+
+def test_a_default_folder_is_taken_only_if_it_holds_every_file(tmp_path, monkeypatch):
+  partial = _files_folder(tmp_path / 'partial', {'a.txt': 'a'})
+  full = _files_folder(tmp_path / 'full', {'a.txt': 'a', 'b.txt': 'b'})
+  monkeypatch.delenv(_TwoFiles.SOURCE_ENV_VAR, raising=False)
+  monkeypatch.setattr(_TwoFiles, 'SOURCE_DEFAULT_DIRS', (str(partial), str(full)))
+  assert sources.find_dir('test', _TwoFiles, None, str(tmp_path)) == str(full)
+  monkeypatch.setattr(_TwoFiles, 'SOURCE_DEFAULT_DIRS', (str(partial),))
+  with pytest.raises(FileNotFoundError):
+    sources.find_dir('test', _TwoFiles, None, str(tmp_path))
+
+
+def test_a_named_folder_lacking_a_file_is_not_compared(tmp_path, monkeypatch):
+  monkeypatch.delenv(_TwoFiles.SOURCE_ENV_VAR, raising=False)
+  prepared = tmp_path / 'prepared'
+  prepared.mkdir()
+  first = _files_folder(tmp_path / 'first', {'a.txt': 'a', 'b.txt': 'b'})
+  sources.write_record(str(prepared), _TwoFiles, str(first))
+  # Only b.txt differs from the files prepared from; a folder without it is not compared.
+  sources.check_record('test', str(prepared), _TwoFiles, first)
+  sources.check_record('test', str(prepared), _TwoFiles,
+                       _files_folder(tmp_path / 'partial', {'a.txt': 'a'}))
+  with pytest.raises(ValueError, match='prepared from another b.txt'):
+    sources.check_record('test', str(prepared), _TwoFiles,
+                         _files_folder(tmp_path / 'other', {'a.txt': 'a', 'b.txt': 'B'}))
+
+
+def test_digests_are_the_sha256_of_the_whole_files(tmp_path):
+  # Files longer than the 1 MiB blocks they are read in (input.txt is 1.1 MB).
+  contents = {'a.txt': 'x' * (5 << 19) + 'end', 'b.txt': ''}
+  folder = _files_folder(tmp_path / 'files', contents)
+  assert sources.digests(_TwoFiles, str(folder)) == {
+      name: hashlib.sha256(text.encode('utf-8')).hexdigest() for name, text in contents.items()}
