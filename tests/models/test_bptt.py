@@ -119,9 +119,14 @@ def test_bptt_equals_autodiff_in_float64():
       expected['h0'] = expected_h0
       rel = {k: float(np.max(np.abs(grads[k] - expected[k])) / np.max(np.abs(expected[k])))
              for k in expected}
-      print(json.dumps({'dtype': str(grads['W_hh'].dtype), 'rel': rel}))
+      # Without h0 (a zero state of the inputs' dtype): the forward pass and the gradients.
+      _, zero_state_grads = bptt.value_and_grad(params, x, targets, None, weights)
+      zero_state_h = bptt.forward(params, x)[0]
+      dtypes = {str(zero_state_grads['W_hh'].dtype), str(zero_state_h.dtype)}
+      print(json.dumps({'dtype': str(grads['W_hh'].dtype), 'rel': rel,
+                        'zero_state_dtypes': sorted(dtypes)}))
   ''', env={'JAX_ENABLE_X64': '1'})
-  assert result['dtype'] == 'float64'
+  assert result['dtype'] == 'float64' and result['zero_state_dtypes'] == ['float64']
   assert set(result['rel']) == {'W_xh', 'W_hh', 'b_h', 'W_hy', 'b_y', 'h0'}
   # Measured ≤ 4e-16: the two differ only by rounding.
   assert max(result['rel'].values()) < 1e-12, result
@@ -141,3 +146,38 @@ def test_init_params_scales_the_recurrence_by_its_singular_values():
   np.testing.assert_allclose(np.std(params['W_hy']), 1 / np.sqrt(64), rtol=0.1)
   for name in ('b_h', 'b_y'):
     np.testing.assert_array_equal(params[name], 0.0)
+  # Independent draws (one key each): a reused key made W_hy the first entries of W_xh.
+  w_xh, w_hy = np.ravel(params['W_xh'])[:1024], np.ravel(params['W_hy'])
+  assert abs(np.corrcoef(w_xh, w_hy)[0, 1]) < 0.15  # ≈ 0.03 standard error
+
+
+def test_default_initial_state_is_zero_and_a_carried_state_continues_the_sequence():
+  """forward/loss without h0 start from h_0 = 0 (the hand loop below); running the second
+  half of a sequence from the first half's last state gives the states of one pass."""
+  params, x, targets, _, _ = problem(4)
+  h = np.zeros((B, H))
+  expected_BxTxH = []
+  for t in range(T):  # h_t = tanh(W_xh x_t + W_hh h_{t−1} + b_h), h_0 = 0
+    h = np.tanh(np.asarray(x[:, t]) @ np.asarray(params['W_xh']).T
+                + h @ np.asarray(params['W_hh']).T + np.asarray(params['b_h']))
+    expected_BxTxH.append(h)
+  expected_BxTxH = np.stack(expected_BxTxH, 1)
+
+  @jax.jit  # one compilation for all
+  def run(params, x, targets):
+    first_BxSxH, _ = bptt.forward(params, x[:, :4])
+    rest_BxSxH, _ = bptt.forward(params, x[:, 4:], first_BxSxH[:, -1])
+    return (bptt.forward(params, x)[0], jnp.concatenate([first_BxSxH, rest_BxSxH], 1),
+            bptt.loss(params, x, targets), scan_loss(params, jnp.zeros((B, H)), x, targets, None))
+
+  h_BxTxH, carried_BxTxH, value, expected_value = run(params, x, targets)
+  np.testing.assert_allclose(h_BxTxH, expected_BxTxH, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(carried_BxTxH, expected_BxTxH, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(value, expected_value, rtol=1e-6)
+
+
+def test_from_simple_cell_also_takes_the_params_collection_alone():
+  params, *_ = problem(5)
+  variables = bptt.to_simple_cell(params)
+  assert_grads_close(bptt.from_simple_cell(variables['params']),
+                     {k: params[k] for k in ('W_xh', 'W_hh', 'b_h')}, rtol=0, atol=0)

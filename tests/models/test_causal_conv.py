@@ -3,6 +3,7 @@ a brute-force NumPy loop, the causality and receptive-field properties, full-seq
 logits (for cached decoding) and the float32 model (for bfloat16 compute)."""
 
 import jax
+from jax.extend import core as jax_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -45,6 +46,15 @@ def test_causal_conv_equals_brute_force_loop(kernel_size, dilation, in_channels,
   conv = variables['params']['Conv_0']
   assert conv['kernel'].shape == (kernel_size, in_channels, features)
   expected = _reference_conv(x_BxTxC, conv['kernel'], np.asarray(conv['bias'], np.float64), dilation)
+  np.testing.assert_allclose(layer.apply(variables, x_BxTxC), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_conv_without_bias_has_no_bias_parameter():
+  layer = CausalConv1D(3, 2, dilation=2, use_bias=False)
+  x_BxTxC = jax.random.normal(jax.random.key(0), (1, 6, 2))
+  variables = _perturbed(layer.init(jax.random.key(1), x_BxTxC))
+  assert set(variables['params']['Conv_0']) == {'kernel'}
+  expected = _reference_conv(x_BxTxC, variables['params']['Conv_0']['kernel'], np.zeros(3), 2)
   np.testing.assert_allclose(layer.apply(variables, x_BxTxC), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -178,6 +188,30 @@ def test_bfloat16_compute_keeps_float32_params_and_logits_close_to_float32(dtype
   # (about 1% here); a wrong gate, residual or skip would move the logits by O(100%) of it.
   scale = np.abs(logits_f32).max()
   np.testing.assert_allclose(logits_bf16, logits_f32, rtol=0, atol=0.05 * scale)
+
+
+def _dtypes_of(jaxpr, primitives):
+  """The dtypes of the operands (or, for a gather, the result) of every such equation."""
+  dtypes = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in primitives:
+      variables = eqn.outvars if eqn.primitive.name == 'gather' else eqn.invars
+      dtypes += [v.aval.dtype for v in variables if hasattr(v.aval, 'dtype')]
+    for sub in jax_core.jaxprs_in_params(eqn.params):
+      dtypes += _dtypes_of(sub, primitives)
+  return dtypes
+
+
+def test_bfloat16_compute_reaches_the_embedding_every_convolution_and_dense_layer():
+  # Fails if a layer drops `dtype`: the logits stay close to float32 either way.
+  model = CausalConvLM(VOCAB, channels=8, dilations=(1, 2), dtype='bfloat16')
+  tokens_BxT = jnp.zeros((1, 6), jnp.int32)
+  variables = jax.eval_shape(model.init, jax.random.key(0), tokens_BxT)  # traced, not run
+  jaxpr = jax.make_jaxpr(model.apply)(variables, tokens_BxT).jaxpr
+  primitives = ('gather', 'conv_general_dilated', 'dot_general')
+  dtypes = _dtypes_of(jaxpr, primitives)
+  # One lookup, 2 convolutions and 2 + 2 dense layers (two operands each).
+  assert len(dtypes) == 1 + 2 * 2 + 4 * 2 and set(dtypes) == {jnp.dtype(jnp.bfloat16)}, dtypes
 
 
 def test_dropout_acts_only_in_training():

@@ -141,6 +141,19 @@ def test_top_p_that_equals_a_cumulative_sum_stops_at_that_token(top_p, kept):
   np.testing.assert_array_equal(np.flatnonzero(np.isfinite(filtered[0])), kept)
 
 
+def test_top_p_equal_to_a_rounded_float32_cumulative_sum_keeps_exactly_that_prefix():
+  # Masses that are not dyadic: the mass before token i + 1, taken as cumsum − p_(i+1), can
+  # round below the cumulative sum of the first i and keep one token too many.
+  rng = np.random.default_rng(7)
+  for _ in range(3):
+    logits_1xV = np.round(rng.normal(size=(1, 7)), 1).astype(np.float32) + 0.0
+    probs_V = np.asarray(jax.nn.softmax(jnp.asarray(-np.sort(-logits_1xV[0]))))
+    cumulative_V = np.cumsum(probs_V, dtype=np.float32)  # float32, summed left to right
+    for count in range(1, 6):
+      filtered = sampling.filter_logits(logits_1xV, top_p=float(cumulative_V[count - 1]))
+      assert np.isfinite(filtered).sum() == count, (logits_1xV, count)
+
+
 def test_top_p_with_renormalisation_differs_from_top_p_on_the_raw_distribution():
   # Raw cumulative mass 0.35, 0.60, 0.75 would keep three tokens at p = 0.65; over the
   # top 4 (mass 0.87) it is 0.40, 0.69, so two.
@@ -277,6 +290,23 @@ def test_generate_with_use_cache_reads_through_the_cache():
       use_cache=False), uncached)
 
 
+class _Bfloat16LM(nn.Module):
+  """TinyCausalLM with bfloat16 logits."""
+
+  @nn.compact
+  def __call__(self, tokens_BxT, *, train=False, decode=False):
+    return TinyCausalLM(name='lm')(tokens_BxT, train=train, decode=decode).astype(jnp.bfloat16)
+
+
+@pytest.mark.parametrize('use_cache', [False, True])
+def test_generate_returns_float32_logits_of_a_bfloat16_model(use_cache):
+  model = _Bfloat16LM()
+  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))
+  _, logits = sampling.generate(model, variables, _prompt(2), jax.random.PRNGKey(1),
+                                num_new_tokens=2, use_cache=use_cache, return_logits=True)
+  assert logits.dtype == jnp.float32
+
+
 class _ContextLM(TinyCausalLM):
   """TinyCausalLM declaring a fixed context of its 32 positions."""
 
@@ -311,7 +341,8 @@ def test_generate_draws_vary_with_the_key_and_repeat_with_the_same_key():
 
 @pytest.mark.parametrize('args, name', [
     ({'temperature': -0.5}, 'temperature'), ({'temperature': float('nan')}, 'temperature'),
-    ({'temperature': '1'}, 'temperature'), ({'top_k': -1}, 'top_k'), ({'top_k': 2.5}, 'top_k'),
+    ({'temperature': '1'}, 'temperature'), ({'temperature': True}, 'temperature'),
+    ({'top_k': -1}, 'top_k'), ({'top_k': 2.5}, 'top_k'),
     ({'top_k': True}, 'top_k'), ({'top_p': 0.0}, 'top_p'), ({'top_p': 1.5}, 'top_p'),
 ])
 def test_invalid_sampling_arguments_raise_one_sentence(args, name):
@@ -343,6 +374,14 @@ def test_invalid_generate_arguments_raise(num_new_tokens, prompt_length, match):
   with pytest.raises(ValueError, match=match):
     sampling.generate(model, variables, _prompt(prompt_length), jax.random.PRNGKey(0),
                       num_new_tokens=num_new_tokens)
+
+
+def test_the_longest_sequence_of_int32_positions_is_accepted(monkeypatch):
+  # P + N = 2**31: positions 0 … 2**31 − 1 are all int32 (one more is refused above). The
+  # compiled loop is replaced, since that sequence would take 24 GiB.
+  monkeypatch.setattr(sampling, '_generate', lambda *args, **kwargs: ('tokens', None))
+  assert sampling.generate(TinyCausalLM(), {}, _prompt(2), jax.random.PRNGKey(0),
+                           num_new_tokens=2**31 - 2) == 'tokens'
 
 
 @pytest.mark.parametrize('bad, where', [(11, '(row 1, position 2)'), (-1, '(row 1, position 2)')])
