@@ -88,6 +88,29 @@ def test_the_metrics_are_those_of_the_checkpoint_on_every_test_image_once(mlp_ru
   assert record['weights'] == 'params'
 
 
+def test_the_batch_size_asked_for_is_the_one_evaluated_with(mlp_run, monkeypatch):
+  # The metrics do not depend on it (above), so the evaluation is replaced by a record of it.
+  from train import loop  # pylint: disable=g-import-not-at-top
+  used = []
+  monkeypatch.setattr(loop.Run, 'evaluate',
+                      lambda self, step, state: used.append(self.config.eval_batch_size) or {})
+  evaluate.evaluate(mlp_run, batch_size=7)
+  evaluate.evaluate(mlp_run)
+  assert used == [7, 120]
+
+
+@pytest.mark.parametrize('options, message', [
+    ({'window': 0}, '--window must be a positive integer, got 0.'),
+    ({'batch_size': 0}, '--batch_size must be a positive integer, got 0.'),
+    ({'window': 16}, "--window applies to token windows; the run in '{}' reads 'digits' without "
+                     'them.'),
+])
+def test_bad_window_or_batch_size_is_one_sentence(mlp_run, options, message):
+  with pytest.raises(ValueError) as info:
+    evaluate.evaluate(mlp_run, **options)
+  assert_one_sentence(str(info.value), message.format(mlp_run))
+
+
 def test_the_average_is_evaluated_unless_ema_decay_is_set_to_0(mlp_run, tmp_path, data_dir):
   # --set=ema_decay=0 was recorded as an override while the average was evaluated all the same,
   # and a decay other than the run's named an average the checkpoints do not hold.

@@ -7,7 +7,9 @@ pixels, the weights a row records, and one-sentence errors before anything loads
 import os
 import types
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
@@ -108,6 +110,112 @@ def test_samples_become_the_nearest_pixels():
 def test_the_time_grids_are_the_solvers():
   from models.generative import sde  # pylint: disable=g-import-not-at-top
   assert generative_metrics.TIME_GRIDS == sde.TIME_GRIDS
+
+
+def test_binarised_pixels_are_255_from_128_on():
+  np.testing.assert_array_equal(generative_metrics.binary(np.array([0, 1, 127, 128, 200, 255])),
+                                [0, 0, 0, 255, 255, 255])
+  assert generative_metrics.binary([128]).dtype == np.uint8
+
+
+def test_features_of_more_than_a_chunk_are_those_of_every_image_once():
+  """1,001 images: chunks of 500, 500 and 1. The head takes the prepared images [N, H, W, C]
+  themselves, so the features are each image's prepared pixels, flattened."""
+
+  class Head(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(1, name='head')(x)
+
+  task = types.SimpleNamespace(
+      input_key='image', preprocess=lambda batch: {'input': batch['image'] / np.float32(255)},
+      transform=lambda rngs, batch, train: batch, model_inputs=lambda batch: (batch['input'],))
+  variables = {'params': {'head': {'kernel': np.ones((2, 1), np.float32),
+                                   'bias': np.zeros(1, np.float32)}}}
+  pixels = np.random.default_rng(0).integers(0, 256, size=(1001, 3, 2, 2), dtype=np.uint8)
+  features = generative_metrics.feature_fn(task, Head(), variables, 'head')(pixels)
+  assert features.shape == (1001, 12) and features.dtype == np.float64
+  np.testing.assert_allclose(features, pixels.reshape(1001, 12) / 255, rtol=1e-6)
+
+
+def test_vae_samples_are_sigmoids_of_prior_draws_new_in_every_batch_and_seed():
+  """A decoder whose logits are the latent z itself: samples are sigmoid(z), z ~ N(0, I), so
+  their logits have mean 0 and standard deviation 1; 5 samples in batches of 2, 2 and 1 are
+  all different, and another seed draws others."""
+
+  class Decoder(nn.Module):
+    latent_dim: int = 32
+
+    def decode(self, z):
+      return z.reshape(len(z), 4, 4, 2), None
+
+    def __call__(self, z):
+      return self.decode(z)
+
+  config = ml_collections.ConfigDict({'task': {'name': 'vae'}, 'model': {'name': 'vae'}})
+
+  def draw(seed):
+    images, seconds = generative_metrics.draw_samples(
+        config, None, Decoder(), {}, None, sampler='vae', steps=0, num=5, batch_size=2,
+        seed=seed)
+    return np.asarray(images, np.float64), seconds
+
+  # The clock read before and after the 3 batches: 10 s for 5 samples.
+  clock = iter([1.0, 11.0])
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(generative_metrics, 'time',
+                  types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    images, seconds = draw(0)
+  assert seconds == 2.0
+  assert images.shape == (5, 4, 4, 2)
+  logits = np.log(images / (1 - images))
+  # 160 draws of N(0, 1): mean within 4 standard errors (0.32), std within 0.3.
+  assert abs(logits.mean()) < 0.32 and abs(logits.std() - 1) < 0.3, (logits.mean(), logits.std())
+  flat = images.reshape(5, -1)
+  assert len({row.tobytes() for row in flat}) == 5
+  assert not np.any(np.isclose(draw(1)[0].reshape(5, -1), flat).all(axis=1))
+
+
+def test_cold_samples_restore_the_start_and_map_to_unit_pixels():
+  """D(x, t) = (1 − t/T) x ends at D(x_0, T) = 0, so the Gaussian start fitted to the degraded
+  training images is x_T = 0, and a restorer that returns a fixed image y makes Algorithm 2
+  telescope to x_0 = x_T − D(y, T) + D(y, 0) = y: the samples are (y + 1)/2 in [0, 1]."""
+  steps = 3
+  task = types.SimpleNamespace(
+      objective='cold', process_steps=steps, preprocess=lambda records: {'x0': records['image']},
+      model_fn=lambda apply: apply,
+      degrade_fn=lambda x0: lambda x, t: x * (1 - jnp.asarray(t, jnp.float32).reshape(
+          (-1, 1, 1, 1)) / steps))
+  target = np.linspace(-0.9, 0.9, 16, dtype=np.float32).reshape(4, 4, 1)
+  module = types.SimpleNamespace(apply=lambda variables, x, t: jnp.broadcast_to(target, x.shape))
+  train = [{'image': image} for image in np.random.default_rng(0).uniform(
+      -1, 1, size=(6, 4, 4, 1)).astype(np.float32)]
+  config = ml_collections.ConfigDict({'task': {'name': 'diffusion'}, 'model': {'name': 'unet'}})
+  images, _ = generative_metrics.draw_samples(config, task, module, {}, train, sampler='cold',
+                                              steps=0, num=2, batch_size=2, seed=0)
+  np.testing.assert_allclose(images, np.broadcast_to((target + 1) / 2, (2, 4, 4, 1)), atol=1e-6)
+
+
+def test_cold_restoration_errors_are_mean_l1_in_unit_pixels(tmp_path):
+  """A restorer that returns x_0 + e whatever it is given: Algorithm 1 returns x_0 + e and
+  Algorithm 2 x_0 + e − A_t e (models/generative/cold.py) for the degradation
+  D(x, t) = A_t x, A_t = 1 − t/(2T). In [0, 1] pixels, (x + 1)/2, the mean ℓ1 errors are e/2
+  and (1 − A_t) e/2: with e = 0.2, T = 4, 0.1 and 0.025 at t = 2, 0.1 and 0.05 at t = 4."""
+  steps, error = 4, 0.2
+  task = types.SimpleNamespace(
+      process_steps=steps, preprocess=lambda records: {'x0': records['image']},
+      model_fn=lambda apply: apply,
+      degrade_fn=lambda x0: lambda x, t: x * (1 - jnp.asarray(t, jnp.float32)[..., None, None,
+                                                                          None] / (2 * steps)))
+  images = np.linspace(-0.5, 0.5, 5 * 16, dtype=np.float32).reshape(5, 4, 4, 1)
+  module = types.SimpleNamespace(
+      apply=lambda variables, x, t: jnp.broadcast_to(variables['target'], x.shape))
+  errors = generative_metrics.cold_restorations(
+      task, module, {'target': images[:3] + error}, [{'image': image} for image in images],
+      num=3, out_dir=str(tmp_path))
+  assert errors == pytest.approx({'restore_l1_naive_t2': 0.1, 'restore_l1_improved_t2': 0.025,
+                                  'restore_l1_naive_t4': 0.1, 'restore_l1_improved_t4': 0.05},
+                                 abs=1e-6)
 
 
 def test_every_setting_draws_its_own_sample_grid():
@@ -311,7 +419,6 @@ def test_floors_of_other_images_keep_their_own_sample_grids(classifier_run):
 def test_cold_restorations_of_other_weights_or_counts_keep_their_own_figures(tmp_path):
   # Every call drew samples/cold_restore_<t>.png: a row with --weights=params replaced the
   # figure of the parameter average's row, and one of another --batch_size too.
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   steps = 4
   task = types.SimpleNamespace(
       process_steps=steps, preprocess=lambda records: {'x0': records['image']},

@@ -92,14 +92,20 @@ def test_language_model_trains_evaluates_samples_and_resumes(config, tmp_path):
   assert len(samples[0]) == len('JULIET:') + 20
   with open(os.path.join(workdir, 'samples', 'sample_step60_seed0.txt'), encoding='utf-8') as f:
     assert f.read() == result.stdout  # what was printed is what was written
-  # Sampling again with the same step and seed keeps the first file and writes a second.
-  again = subprocess.run(command[:-3] + ['--prompt=ROMEO:', '--num_tokens=5'], capture_output=True,
+  # Sampling again with the same step and seed keeps the first file and writes a second. At
+  # temperature 1, --top_k=1 keeps only the most probable token, and --top_p=1e-6 too: both are
+  # greedy, the first 5 characters of the greedy continuation above.
+  again = subprocess.run(command[:-3] + ['--num_tokens=5', '--top_k=1'], capture_output=True,
                          text=True, cwd=REPO_ROOT, env=env, timeout=300)
   assert again.returncode == 0, again.stderr[-2000:]
   with open(os.path.join(workdir, 'samples', 'sample_step60_seed0.txt'), encoding='utf-8') as f:
     assert f.read() == result.stdout
   with open(os.path.join(workdir, 'samples', 'sample_step60_seed0_2.txt'), encoding='utf-8') as f:
-    assert f.read() == again.stdout and again.stdout.startswith('ROMEO:')
+    assert f.read() == again.stdout == samples[0][:len('JULIET:') + 5] + '\n'
+  nucleus = subprocess.run(command[:-3] + ['--num_tokens=5', '--top_p=1e-6'], capture_output=True,
+                           text=True, cwd=REPO_ROOT, env=env, timeout=300)
+  assert nucleus.returncode == 0, nucleus.stderr[-2000:]
+  assert nucleus.stdout == again.stdout
 
   bad = subprocess.run(command[:-3] + ['--prompt=JULIET@'], capture_output=True, text=True,
                        cwd=REPO_ROOT, env=env, timeout=300)
@@ -152,6 +158,10 @@ def test_evaluate_reproduces_the_run_and_applies_config_changes(config, tmp_path
   assert rebatched['metrics']['loss'] == pytest.approx(final['loss'], rel=1e-5)
   shorter = evaluate.evaluate(workdir, overrides=['data.window=16'])
   assert shorter['window'] == 16 and shorter['metrics']['loss'] != pytest.approx(final['loss'])
+  # --window=16 is the same change as --set=data.window=16.
+  windowed = evaluate.evaluate(workdir, window=16)
+  assert windowed['window'] == 16 and 'overrides' not in windowed
+  assert windowed['metrics'] == pytest.approx(shorter['metrics'], rel=1e-6)
   for overrides, part in ((['data.windw=16'], "data has no key 'windw'"),
                           (['window'], "'window' must have the form"),
                           (['eval_batch_size=[3]'], 'wrong type')):

@@ -124,23 +124,30 @@ def test_residual_block_matches_numpy_and_dropout_is_unbiased():
   assert np.max(np.abs(y_train.mean(axis=0) - y_widen) / standard_error) < 5
 
 
+def np_attention_block(p, x, groups):
+  """x + MultiHead(GN(x)) over the H·W positions; the heads are read off the kernels."""
+  b, height, width, c = x.shape
+  a = p['attention']
+  h = np_group_norm(_f64(x), groups, p['norm']['scale'], p['norm']['bias']).reshape(
+      b, height * width, c)
+  q, k, v = (np.einsum('btc,cnh->btnh', h, _f64(a[n]['kernel'])) + _f64(a[n]['bias'])
+             for n in ('query', 'key', 'value'))
+  logits_BxNxTxS = np.einsum('btnh,bsnh->bnts', q, k) / math.sqrt(q.shape[-1])
+  w = np.exp(logits_BxNxTxS - logits_BxNxTxS.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)  # over the H·W key positions
+  o = np.einsum('bnts,bsnh->btnh', w, v)
+  out = np.einsum('btnh,nhc->btc', o, _f64(a['out']['kernel'])) + _f64(a['out']['bias'])
+  return _f64(x) + out.reshape(x.shape)
+
+
 def test_attention_block_matches_numpy():
   x = np.random.default_rng(5).normal(size=(2, 3, 3, 4)).astype(np.float32)
   block = AttentionBlock(num_heads=2, num_groups=2)
   p = random_params(block, x, seed=6)
   y = run_once(block.apply, {'params': p}, x)
-
-  a = p['attention']
-  h = np_group_norm(_f64(x), 2, p['norm']['scale'], p['norm']['bias']).reshape(2, 9, 4)
-  q, k, v = (np.einsum('btc,cnh->btnh', h, _f64(a[n]['kernel'])) + _f64(a[n]['bias'])
-             for n in ('query', 'key', 'value'))
-  logits_BxNxTxS = np.einsum('btnh,bsnh->bnts', q, k) / math.sqrt(2)
-  w = np.exp(logits_BxNxTxS - logits_BxNxTxS.max(-1, keepdims=True))
-  w /= w.sum(-1, keepdims=True)  # over the 9 key positions
-  o = np.einsum('bnts,bsnh->btnh', w, v)
-  out = np.einsum('btnh,nhc->btc', o, _f64(a['out']['kernel'])) + _f64(a['out']['bias'])
+  assert p['attention']['query']['kernel'].shape == (4, 2, 2)  # [C, heads, C / heads]
   # Largest difference measured: 2.4e-7.
-  np.testing.assert_allclose(y, _f64(x) + out.reshape(x.shape), atol=1e-5)
+  np.testing.assert_allclose(y, np_attention_block(p, x, 2), atol=1e-5)
 
 
 # ---- the wiring of the whole network, read off a running one ------------------------------
@@ -270,19 +277,86 @@ def test_attention_sits_at_7x7_after_every_block_there(small_run):
       'down1_attention0', 'up1_attention0', 'up1_attention1']
 
 
+def test_every_block_and_the_last_norm_compute_with_the_configured_groups(small_run):
+  """Each residual block, attention and the output GroupNorm of the running network, on the
+  inputs it was given, against NumPy with num_groups = 4 groups. Catches the U-Net handing its
+  blocks (or norm_out) another group count than the one configured."""
+  records, params = small_run['records'], small_run['params']
+  checked = 0
+  for name in small_run['order']:
+    (args, out), p = records[name], params.get(name)
+    if '_block' in name:
+      expected = np_residual_block(p, args[0], args[1], 4)
+    elif '_attention' in name:
+      expected = np_attention_block(p, np.asarray(args[0]), 4)
+    elif name == 'norm_out':
+      expected = np_group_norm(_f64(args[0]), 4, p['scale'], p['bias'])
+    else:
+      continue
+    checked += 1
+    # float32 against float64: measured 3e-6 on outputs of size ~10.
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4, err_msg=name)
+  assert checked == 11 + 4 + 1
+
+
+def test_heads_reach_the_attention_and_attention_follows_the_height_of_non_square_inputs():
+  """An 8×16 input: levels of 8×16 and 4×8. Attention at height 4 is level 1 only (catches the
+  width read as the height); the heads split each projection into [C, heads, C / heads]."""
+  model = UNet(channels=8, channel_mults=(1, 2), attention_resolutions=(4,), num_heads=2,
+               num_groups=4)
+  names = []
+  with nn.intercept_methods(recorder(names, [])):
+    _, variables = _shapes(model, (1, 8, 16, 1))
+  assert [name for name in names if '_attention' in name] == [
+      'down1_attention0', 'middle_attention', 'up1_attention0', 'up1_attention1']
+  for name in ('down1_attention0', 'middle_attention'):
+    query = nn.meta.unbox(variables['params'][name]['attention']['query'])
+    assert query['kernel'].shape == (16, 2, 8), name
+
+
+def test_the_untrained_network_predicts_zero():
+  """Module doc: conv_out's kernel and bias start at 0, so ε̂ = 0 at initialisation; the other
+  layers keep Flax's default initialisation. The initialisers are read off the layers of a
+  traced network and drawn here, which costs no compilation of the network."""
+  modules = {}
+
+  def intercept(next_fun, args, kwargs, context):
+    modules.setdefault(context.module.name, context.module)
+    return next_fun(*args, **kwargs)
+
+  model = UNet(channels=4, channel_mults=(1,), attention_resolutions=(), num_groups=2,
+               out_channels=3)
+  with nn.intercept_methods(intercept):
+    jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 4, 4, 1)), jnp.zeros(1))
+  key, shape = jax.random.key(0), (3, 3, 4, 3)
+  out = modules['conv_out']
+  assert out.features == 3
+  np.testing.assert_array_equal(out.kernel_init(key, shape), 0.0)
+  np.testing.assert_array_equal(out.bias_init(key, (3,)), 0.0)
+  assert np.abs(np.asarray(modules['conv_in'].kernel_init(key, shape))).min() > 0
+
+
 def test_train_reaches_every_residual_block(small_run):
   """Dropout acts in training only (its mean is checked against NumPy above); catches a block
-  that is not told."""
+  that is not told, or whose dropout is not at the configured rate."""
   model = UNet(**SMALL)
   variables = {'params': small_run['params']}
   x, t = small_run['x'], small_run['t']
   for train in (False, True):
-    names, records = [], []
-    with nn.intercept_methods(recorder(names, records)):
+    names, records, dropouts = [], [], []
+    record = recorder(names, records)
+
+    def intercept(next_fun, args, kwargs, context):
+      if isinstance(context.module, nn.Dropout):
+        dropouts.append((context.module.rate, context.module.deterministic))
+      return record(next_fun, args, kwargs, context)
+
+    with nn.intercept_methods(intercept):
       jax.eval_shape(lambda v: model.apply(v, x, t, train=train, rngs={'dropout': jax.random.key(0)}),
                      variables)
     flags = [kwargs.get('train') for name, (_, kwargs, _) in zip(names, records) if '_block' in name]
     assert flags == [train] * 11
+    assert dropouts == [(SMALL['dropout_rate'], not train)] * 11
 
 
 # ---- parameter counts, shapes, dtypes, errors -----------------------------------------------
@@ -368,6 +442,11 @@ def test_shapes_and_dtypes(model, channels):
     (dict(channels=4, channel_mults=(2, 4), num_groups=8, attention_resolutions=()), (1, 8, 8, 1),
      (1,), r'num_groups=8 must divide every level width \(8, 16\) and channels=4'),
     (dict(num_groups=0), (1, 28, 28, 1), (1,), 'num_groups must be a positive integer, got 0'),
+    (dict(channels=5, num_groups=1), (1, 28, 28, 1), (1,), 'channels=5 must be even'),
+    (dict(out_channels=0), (1, 28, 28, 1), (1,),
+     'out_channels must be None or a positive integer, got 0'),
+    (dict(channels=8, num_groups=4, num_heads=3), (1, 28, 28, 1), (1,),
+     r'num_heads=3 must divide every level width \(8, 16, 16\)'),
     (dict(channels=8, num_groups=4), (1, 30, 30, 1), (1,), 'size 30×30 is not allowed.*multiples of 4'),
     (dict(channels=8, num_groups=4), (2, 28, 28, 1), (1,), r'times of shape \(1,\) must be \[B\] = \(2,\)'),
     (dict(channels=8, num_groups=4, attention_resolutions=(8,)), (1, 28, 28, 1), (1,),
