@@ -3,6 +3,7 @@ optimiser moments, and the evaluation view of a checkpoint."""
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -19,6 +20,19 @@ class _HalfNamed(nn.Module):
         nn.initializers.normal(1.0), ('embed', 'mlp')), (x_BxD.shape[-1], 3))
     bias_K = self.param('bias', nn.initializers.normal(1.0), (3,))
     return x_BxD @ kernel_DxK + bias_K
+
+
+class _WithState(nn.Module):
+  """A dense layer with a logically named batch statistic, a decoding cache and a sown output."""
+
+  @nn.compact
+  def __call__(self, x_BxD, *, train=False):
+    mean_K = self.variable('batch_stats', 'mean', nn.with_logical_partitioning(
+        jnp.ones, ('mlp',)), (3,))
+    self.variable('cache', 'index', jnp.zeros, (), jnp.int32)
+    y_BxK = nn.Dense(3)(x_BxD) - mean_K.value
+    self.sow('intermediates', 'y', y_BxK)
+    return y_BxK
 
 
 def _is_box(x):
@@ -52,6 +66,36 @@ def test_logical_axes_box_the_parameters_their_average_and_the_moments_that_mirr
   jax.tree.map(np.testing.assert_array_equal, unboxed, plain)
 
 
+def test_only_the_moments_shaped_like_the_parameters_are_boxed():
+  # Adafactor's factored moments v_row, v_col have the parameters' tree but other shapes:
+  # boxing them with the parameters' names would shard them wrongly.
+  task = tasks.build('classification', {'num_classes': 3}, input_key='x')
+  batch = {'input': np.ones((2, 4), np.float32), 'label': np.zeros(2, np.int32)}
+  boxed = init_train_state(_HalfNamed(), task, optax.adafactor(0.1), jax.random.PRNGKey(0), batch,
+                           logical_axes=True)
+  factored = boxed.opt_state[0]
+  assert _names(factored.v) == [None, ('embed', 'mlp')]
+  assert _names(factored.v_row) == _names(factored.v_col) == [None, None]
+
+
+def test_the_state_starts_at_step_0_keeping_only_the_state_collections():
+  task = tasks.build('classification', {'num_classes': 3}, input_key='x')
+  batch = {'input': np.ones((2, 4), np.float32), 'label': np.zeros(2, np.int32)}
+  tx = optax.adam(0.1)
+  plain = init_train_state(_WithState(), task, tx, jax.random.PRNGKey(0), batch, ema=True)
+  # An int32 step of 0 (a float or 64-bit step would not restore from the checkpoints).
+  assert plain.step.dtype == jnp.int32 and plain.step.shape == () and int(plain.step) == 0
+  # Per-call collections ('cache', 'intermediates') never enter the train state.
+  assert list(plain.model_state) == ['batch_stats'] and list(plain.model_state['batch_stats']) == [
+      'mean']
+  np.testing.assert_array_equal(plain.model_state['batch_stats']['mean'], np.ones(3))
+  boxed = init_train_state(_WithState(), task, tx, jax.random.PRNGKey(0), batch, ema=True,
+                           logical_axes=True)
+  assert _names(boxed.model_state) == [('mlp',)]
+  # The step donates the state's buffers: the average must not share the parameters' ones.
+  jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)(plain)
+
+
 def test_init_variables_unboxes_unless_asked_to_keep_the_boxes():
   model = _HalfNamed()
   task = tasks.build('classification', {'num_classes': 3}, input_key='x')
@@ -72,6 +116,7 @@ def test_the_evaluation_view_of_a_checkpoint_reads_its_average():
   # A checkpoint of a model without state collections may hold none.
   assert state.model_state == {} and state.opt_state is None and int(state.step) == 7
   np.testing.assert_array_equal(state.eval_params['w'], ema['w'])
+  np.testing.assert_array_equal(state.params['w'], params['w'])
   assert isinstance(state.params['w'], jax.Array)
   without_ema = from_saved_arrays({**saved, 'ema_params': None, 'model_state': {}})
   np.testing.assert_array_equal(without_ema.eval_params['w'], params['w'])

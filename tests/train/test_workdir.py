@@ -1,6 +1,7 @@
 """The work-directory lock: one holder at a time, across processes, freed by the kernel
 when its holder dies."""
 
+import errno
 import fcntl
 import json
 import os
@@ -182,3 +183,53 @@ def test_a_refused_acquire_leaves_no_descriptor_open(tmp_path):
       with pytest.raises(ValueError):
         workdir_lib.acquire(tmp_path / 'w')
     assert len(os.listdir('/proc/self/fd')) == before
+
+
+@pytest.mark.parametrize('record,named', [
+    ('{"pid": 7, "host": "node-7"}\n', 'process 7 on node-7'),  # a holder on another machine
+    ('[7, "node-7"]', 'another process'),  # valid JSON of another shape
+    ('{"pid": 7}', 'another process'),
+])
+def test_the_holder_is_named_from_its_record(tmp_path, monkeypatch, record, named):
+  monkeypatch.setattr(workdir_lib, '_HOLDER_WAIT_S', 0.05)
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  fd = os.open(workdir / workdir_lib.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, record.encode())
+    with pytest.raises(ValueError) as info:
+      workdir_lib.acquire(workdir)
+    assert str(info.value) == (f'The work directory {str(workdir)!r} is in use by {named}; wait '
+                               'for that run to finish, stop it, or choose another --workdir.')
+  finally:
+    os.close(fd)
+
+
+def test_a_holder_that_finishes_its_record_while_refused_is_named(tmp_path):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  fd = os.open(workdir / workdir_lib.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, b'{"pid": ')  # the rest follows within the refused run's wait
+    finish = threading.Timer(0.1, lambda: os.pwrite(fd, b'{"pid": 7, "host": "node-7"}\n', 0))
+    finish.start()
+    with pytest.raises(ValueError, match='is in use by process 7 on node-7; '):
+      workdir_lib.acquire(workdir)
+    finish.join()
+  finally:
+    os.close(fd)
+
+
+def test_a_lock_the_kernel_refuses_is_one_sentence_and_leaves_no_descriptor_open(tmp_path,
+                                                                                 monkeypatch):
+  def refuse(*_):
+    raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+  monkeypatch.setattr(fcntl, 'flock', refuse)
+  before = len(os.listdir('/proc/self/fd'))
+  with pytest.raises(ValueError) as info:
+    workdir_lib.acquire(tmp_path / 'w')
+  assert str(info.value) == (f"The work directory {str(tmp_path / 'w')!r} cannot be locked "
+                             '(No locks available).')
+  assert len(os.listdir('/proc/self/fd')) == before
