@@ -439,8 +439,6 @@ def _mix32(h: jax.Array) -> jax.Array:
 
 def _words(x: jax.Array) -> jax.Array:
   """The bits of `x` as uint32: one word per element, or a trailing axis of words when wider."""
-  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-    x = jax.random.key_data(x)
   if jnp.issubdtype(x.dtype, jnp.complexfloating):
     x = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
   if x.dtype == jnp.bool_:
