@@ -92,6 +92,21 @@ def test_logs_evaluations_and_checkpoints_follow_their_intervals_and_the_last_st
 def test_a_stop_off_every_interval_saves_there_and_the_rerun_continues_exactly(
     data_dir, straight, tmp_path, monkeypatch, capfd):
   workdir = str(tmp_path / 'stopped')
+  # Each train log's throughput counts the steps of its interval, from the resumed step on
+  # resuming; each evaluation's hooks get the evaluated step.
+  intervals, hook_steps = [], []
+  log_train, run_hooks = loop.Run._log_train, loop.Run.run_hooks  # pylint: disable=protected-access
+
+  def counting_log_train(self, writer, step, pending, last_log):
+    intervals.append((step - last_log[0], len(pending)))
+    return log_train(self, writer, step, pending, last_log)
+
+  def recording_run_hooks(self, state, step):
+    hook_steps.append(step)
+    return run_hooks(self, state, step)
+
+  monkeypatch.setattr(loop.Run, '_log_train', counting_log_train)
+  monkeypatch.setattr(loop.Run, 'run_hooks', recording_run_hooks)
   with monkeypatch.context() as patch:
     loop_patches.stop_during_step(_STOP_AT, patch)
     run = loop.setup(_config(data_dir), workdir)
@@ -121,6 +136,8 @@ def test_a_stop_off_every_interval_saves_there_and_the_rerun_continues_exactly(
   assert _records(workdir, 'eval') == _records(straight[0], 'eval')
   assert [r['step'] for r in _records(workdir, 'train')] == [2, 4, _STOP_AT, 6, 7]
   assert _checkpoint_steps(workdir) == [6, 7]
+  assert intervals == [(2, 2), (2, 2), (1, 1), (1, 1), (1, 1)]
+  assert hook_steps == [3, 6, 7]
 
 
 def test_a_finished_run_reports_its_final_evaluation_again_and_writes_nothing(
@@ -371,6 +388,7 @@ def test_a_count_or_interval_below_one_or_a_bool_is_refused(tmp_path, name, valu
 
 @pytest.mark.parametrize('key,value,message', [
     ('seed', True, 'config.seed must be an integer in [0, 2**32), got True.'),
+    ('seed', 2**32, 'config.seed must be an integer in [0, 2**32), got 4294967296.'),
     ('ema_decay', 1.0, 'config.ema_decay must lie in [0, 1) (0 keeps no average), got 1.0.'),
     ('ema_decay', -0.1, 'config.ema_decay must lie in [0, 1) (0 keeps no average), got -0.1.'),
     ('profile_steps', (3, 3), 'config.profile_steps must be (first, end) with 0 <= first < end, '
@@ -392,6 +410,15 @@ def test_a_negative_reader_thread_count_is_refused_before_anything_is_written(tm
       'config.data.num_threads must be a non-negative integer (0 reads in the training thread) '
       'or None (chosen by the data source), got -1.')
   assert not workdir.exists()
+
+
+def test_no_reader_threads_is_allowed(tmp_path):
+  # 0 reads in the training thread: accepted, so the check after it (the profile window) speaks.
+  config = digits_mlp.get_config()
+  config.data.num_threads = 0
+  config.profile_steps = (3, 3)
+  assert one_sentence(lambda: loop.setup(config, str(tmp_path / 'w'))).startswith(
+      'config.profile_steps must be')
 
 
 def test_a_file_where_the_work_directory_goes_is_named(tmp_path):

@@ -115,6 +115,32 @@ def test_named_streams_reach_the_model_and_cache_stays_out_of_the_state():
   assert np.isfinite(float(sums['loss'][0]))
 
 
+def test_eval_streams_are_fresh_per_batch_and_apart_from_every_train_step():
+  """The eval step's draws change with the batch index, repeat for the same index, and are not
+  those of the train step with that number (whose key is fold_in(rng, t))."""
+  model = _LatentModel()  # draws from the 'latent' stream in inference mode too
+  task = _LatentTask(meta={'num_classes': 3}, input_key='x')
+  rng = np.random.default_rng(7)
+  batch = {'input': rng.normal(size=(8, 4)).astype(np.float32),
+           'label': rng.integers(0, 3, size=8).astype(np.int32), 'mask': np.ones(8, np.int32)}
+  state = init_train_state(model, task, optax.sgd(0.1), jax.random.PRNGKey(0), batch)
+  eval_step = jax.jit(functools.partial(step.eval_step, model=model, task=task))
+
+  def eval_loss(index):
+    return float(eval_step(state, batch, np.int32(index))['loss'][0])
+
+  assert eval_loss(0) == eval_loss(0)
+  assert len({eval_loss(0), eval_loss(1), eval_loss(2)}) == 3
+  for t in (0, 1):
+    train_rngs = {n: tasks.stream_key(jax.random.fold_in(state.rng, t), n)
+                  for n in ('dropout', 'latent')}
+    logits = model.apply({'params': state.params}, batch['input'], rngs=train_rngs,
+                         mutable=['cache'])[0]
+    train_stream_loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits, batch['label']).sum()
+    assert abs(eval_loss(t) - float(train_stream_loss)) > 1e-3
+
+
 def test_eval_step_weights_by_mask():
   model, task, state, _, batch = _setup(dropout_rate=0.0)
   mask = np.array([1, 1, 1, 0, 1, 0, 0, 1], np.int32)
@@ -188,8 +214,12 @@ def test_augmentation_runs_in_the_step_with_the_augment_stream():
   logits = model.apply({'params': state.params}, augmented['input'])
   soft_ce = -(augmented['label'] * jax.nn.log_softmax(logits)).sum(-1).mean()
   np.testing.assert_allclose(_mean(with_augment['totals'], 'loss'), soft_ce, rtol=1e-5)
-  # Evaluation does not augment.
+  # Evaluation does not augment: the eval step's sums are those of the model on the raw batch.
   assert task.transform(rngs, batch, False) is batch
+  sums = step.eval_step(state, {**batch, 'mask': np.ones(8, np.int32)}, 7, model=model, task=task)
+  logits = model.apply({'params': state.params}, batch['input'])
+  np.testing.assert_allclose(sums['loss'][0], optax.softmax_cross_entropy_with_integer_labels(
+      logits, batch['label']).sum(), rtol=1e-5)
 
 
 def test_ema_follows_the_hand_computed_average():
@@ -543,6 +573,28 @@ def test_a_stop_request_from_any_example_is_reported_and_is_not_model_input():
       assert int(metrics['stop_requested']) == expected
       for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(plain.params)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@dataclasses.dataclass(frozen=True)
+class _KeysTask(_PoisonedTask):
+  """Records the keys of each batch its loss sees."""
+  seen: list = dataclasses.field(default_factory=list, compare=False)
+
+  def loss(self, model, batch):
+    self.seen.append(sorted(batch))
+    return super().loss(model, batch)
+
+
+def test_the_task_never_sees_the_stop_request():
+  model, task, tx = _Linear(), _KeysTask(), optax.sgd(0.1)
+  batch = {'input': np.ones((4, 3), np.float32)}
+  state = init_train_state(model, task, tx, jax.random.PRNGKey(0), batch)
+  task.seen.clear()
+  train_step = functools.partial(step.train_step, model=model, task=task, tx=tx,
+                                 learning_rate_fn=optax.constant_schedule(0.1))
+  # A trace is enough: the task records the keys of the batch it is traced with.
+  _, metrics = jax.eval_shape(train_step, state, {**batch, 'stop_requested': np.ones(4, np.int32)})
+  assert 'stop_requested' in metrics and task.seen == [['input']]
 
 
 def test_eval_step_runs_the_model_in_inference_mode():
