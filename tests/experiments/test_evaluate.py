@@ -53,8 +53,20 @@ def test_a_model_that_does_not_fit_the_checkpoint_is_refused(mlp_run, features, 
                       f'--set=model.features={features}: {difference}.')
 
 
+def test_a_set_value_is_everything_after_the_first_equals_sign_of_a_known_key():
+  # A folder such as /runs/lr=0.1 is a value of its own; only the first '=' ends the key.
+  config = ml_collections.ConfigDict({'data': {'data_dir': '', 'window': 8}, 'note': ''})
+  applied = evaluate.apply_overrides(config, ['data.data_dir=/runs/lr=0.1', "note='a=b'",
+                                              'data.window=16'])
+  assert applied == {'data.data_dir': '/runs/lr=0.1', 'note': 'a=b', 'data.window': 16}
+  assert (config.data.data_dir, config.note, config.data.window) == ('/runs/lr=0.1', 'a=b', 16)
+  with pytest.raises(ValueError, match="--set='data.widow=16': data has no key 'widow'"):
+    evaluate.apply_overrides(config, ['data.widow=16'])  # not a new key under a typo
+
+
 def test_the_model_that_fits_is_evaluated_and_appended(mlp_run):
   record = evaluate.run(mlp_run, overrides=['eval_batch_size=60'])
+  assert record['overrides'] == {'eval_batch_size': 60}
   with open(os.path.join(mlp_run, evaluate.OUTPUT_FILE), encoding='utf-8') as f:
     assert [json.loads(line) for line in f] == [json.loads(json.dumps(record))]
   os.remove(os.path.join(mlp_run, evaluate.OUTPUT_FILE))

@@ -68,6 +68,33 @@ def test_ode_bits_per_dim_is_the_gaussian_density_of_the_dequantised_pixels():
   assert abs(mean - expected) < 4 * se, (mean, expected, se)
 
 
+def test_ode_bits_per_dim_draws_new_dequantisation_and_probe_keys_in_every_batch(monkeypatch):
+  # The keys each batch's dequantisation and probe are drawn with, recorded from inside the jit:
+  # one key for every batch would give every batch the same noise.
+  from models.generative import likelihood, sde  # pylint: disable=g-import-not-at-top
+  keys = {'dequantize': [], 'probe': []}
+  record = lambda name, key: jax.debug.callback(lambda k: keys[name].append(np.asarray(k)), key)
+  real_dequantize = likelihood.dequantize
+
+  def dequantize(key, pixels):
+    record('dequantize', key)
+    return real_dequantize(key, pixels)
+
+  def ode_log_likelihood(_, __, x, key, **unused):
+    record('probe', key)
+    return -jnp.sum(x**2, axis=(1, 2, 3))
+
+  monkeypatch.setattr(likelihood, 'dequantize', dequantize)
+  monkeypatch.setattr(sde, 'ode_log_likelihood', ode_log_likelihood)
+  task = tasks.build('diffusion', {'features': ('image',), 'shapes': {'image': (2, 2, 1)}},
+                     objective='ddpm')
+  source = [{'image': np.full((2, 2, 1), 100, np.uint8), 'label': np.int32(0)}] * 3
+  generative_metrics.ode_bits_per_dim(task, ExactEps(), {}, source, num=3, steps=2, seed=0,
+                                      batch_size=1)
+  drawn = [tuple(k.reshape(-1)) for k in keys['dequantize'] + keys['probe']]
+  assert len(drawn) == 6 and len(set(drawn)) == 6, drawn
+
+
 def test_cold_starts_follow_the_degraded_training_images():
   rng = np.random.default_rng(0)
   # "Degraded images" with per-image channel means N(0.2, 0.1²) and N(−0.3, 0.05²) and a
@@ -95,6 +122,17 @@ def test_cold_starts_follow_the_degraded_training_images():
   np.testing.assert_allclose(np.cov(gaussian.T), np.cov(reference.T), atol=0.006)
   with pytest.raises(ValueError, match="--cold_start='noise'; allowed: gaussian, flat"):
     generative_metrics.cold_start(jax.random.PRNGKey(1), degraded, 2, 'noise')
+
+
+def test_flat_cold_start_levels_keep_the_correlation_of_the_channel_means():
+  # Channel means with c₁ = 2 c₀ + 1 + N(0, 0.01²), c₀ ~ N(0, 0.1²): correlation 0.999 (the
+  # fitted Gaussian's full covariance, not only the variance of each channel).
+  rng = np.random.default_rng(0)
+  first = rng.normal(0, 0.1, 500)
+  degraded = np.stack([first, 2 * first + 1 + rng.normal(0, 0.01, 500)], -1)[:, None, None]
+  levels = np.asarray(generative_metrics.cold_start(jax.random.PRNGKey(0), degraded, 1000,
+                                                    'flat', noise=0.0))[:, 0, 0]
+  assert np.corrcoef(levels.T)[0, 1] > 0.99
 
 
 def test_samples_become_the_nearest_pixels():
@@ -387,6 +425,61 @@ def test_a_run_without_a_parameter_average_records_the_parameters(classifier_run
   assert row['weights'] == 'params'
   assert os.path.exists(os.path.join(vae_run, 'samples', 'vae_0_params_n8_batch8.png'))
   assert not os.path.exists(os.path.join(vae_run, 'samples', 'vae_0_ema_n8_batch8.png'))
+
+
+def test_weights_params_of_a_run_with_an_average_are_its_parameters(tmp_path, monkeypatch):
+  # The checkpoint's parameter average was taken whatever --weights asked for.
+  config = ml_collections.ConfigDict({'task': {'name': 'diffusion'}, 'model': {'name': 'unet'}})
+  monkeypatch.setattr(loop, 'read_config', lambda workdir: config)
+  monkeypatch.setattr(loop, 'build_parts', lambda config, workdir: (None,) * 5)
+  monkeypatch.setattr(checkpoint, 'restore_arrays', lambda workdir: {
+      'step': 7, 'params': {'w': 1.0}, 'ema_params': {'w': 2.0}, 'model_state': None})
+  for weights, w in (('ema', 2.0), ('params', 1.0)):
+    *_, variables, step, taken = generative_metrics._load(str(tmp_path), 'workdir', weights)
+    assert (variables, step, taken) == ({'params': {'w': w}}, 7, weights)
+
+
+def test_the_pixels_compared_are_the_images_binarised_when_asked_or_for_d3pm(tmp_path,
+                                                                            monkeypatch):
+  """The pixels measure gives the classifier: the test images (all of them may be drawn) and
+  the samples, both binarised (≥ 128 → 255) with --binarize or for a d3pm run."""
+  pattern = np.array([[0, 127], [128, 255]], np.uint8)[..., None]
+  binarised = np.array([[0, 0], [255, 255]], np.uint8)[..., None]
+  source = [{'image': pattern, 'label': np.int32(0)}] * 4
+  c_task = types.SimpleNamespace(input_key='image')
+  run_task = types.SimpleNamespace(objective='d3pm', meta={})
+
+  def load(workdir, what, weights='ema', task_name=None):
+    del workdir, task_name
+    if what == 'classifier':
+      return None, source * 2, source, c_task, None, None, None, None
+    return None, None, None, run_task, None, None, 3, weights
+
+  seen = []
+
+  def features(pixels):
+    seen.append(np.asarray(pixels))
+    return np.random.default_rng(len(seen)).normal(size=(len(pixels), 2))
+
+  monkeypatch.setattr(generative_metrics, '_load', load)
+  monkeypatch.setattr(generative_metrics, 'feature_fn', lambda *args: features)
+  monkeypatch.setattr(generative_metrics, 'check_run', lambda *args, **kwargs: None)
+  monkeypatch.setattr(generative_metrics, 'draw_samples', lambda *args, num, **kwargs: (
+      np.repeat(pattern[None] / 255, num, 0), 0.0))
+  monkeypatch.chdir(tmp_path)  # a relative --classifier is recorded as its absolute path
+  common = dict(classifier='.', steps=0, num_samples=4, batch_size=4, seed=0)
+  for sampler, workdir, binarize, expected in (('data', None, False, pattern),
+                                               ('data', None, True, binarised),
+                                               ('vae', str(tmp_path), False, binarised)):
+    seen.clear()
+    row = generative_metrics.measure(workdir=workdir, sampler=sampler, binarize=binarize,
+                                     **common)
+    assert row['classifier'] == str(tmp_path) and row['binarize'] == (expected is binarised)
+    reference, samples = seen
+    np.testing.assert_array_equal(reference, np.repeat(expected[None], 4, 0))
+    # A d3pm run's samples are binary already; the data's are binarised here.
+    np.testing.assert_array_equal(samples, np.repeat((pattern if sampler == 'vae'
+                                                      else expected)[None], 4, 0))
 
 
 def test_floors_of_other_images_keep_their_own_sample_grids(classifier_run):

@@ -231,6 +231,7 @@ def test_dropout_acts_only_in_training():
     (dict(channels=-1), '-1'),
     (dict(kernel_size=0), '0'),
     (dict(num_stacks=0), '0'),
+    (dict(channels=16.0), '16.0'),  # a float from a config: the Embed and Dense need an int
     (dict(dilations=()), '()'),
     (dict(dilations=(1, 0, 2)), '(1, 0, 2)'),
     (dict(dilations=(1, 2.5)), '(1, 2.5)'),

@@ -1,5 +1,7 @@
 """Sampling: greedy limits, top-k/top-p against brute force, chi-square frequencies, cached decoding."""
 
+import types
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -335,6 +337,39 @@ def test_generate_draws_vary_with_the_key_and_repeat_with_the_same_key():
                                                   temperature=2.0, use_cache=True))
   np.testing.assert_array_equal(run(7), run(7))
   assert (run(7) != run(8)).any()
+
+
+class _SourceLM(nn.Module):
+  """TinyCausalLM whose logits favour the token `source_B` of each row by 100: an input that
+  every model call needs besides the tokens, as an encoder–decoder's source sentence."""
+
+  @nn.compact
+  def __call__(self, tokens_BxT, source_B, *, train=False, decode=False):
+    logits_BxTxV = TinyCausalLM(name='lm')(tokens_BxT, train=train, decode=decode)
+    return logits_BxTxV + 100.0 * jax.nn.one_hot(source_B, 11)[:, None]
+
+
+@pytest.mark.parametrize('use_cache', [False, True])
+def test_generate_passes_the_inputs_to_every_model_call(use_cache):
+  model = _SourceLM()
+  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32),
+                         jnp.zeros((1,), jnp.int32))
+  source_B = np.array([3, 7, 1], np.int32)
+  tokens = sampling.generate(model, variables, _prompt(2), jax.random.PRNGKey(1),
+                             num_new_tokens=3, temperature=0, use_cache=use_cache,
+                             inputs=(source_B,))
+  np.testing.assert_array_equal(np.asarray(tokens)[:, 2:], np.repeat(source_B[:, None], 3, 1))
+
+
+def test_generate_text_decodes_num_samples_prompts_and_continuations_through_the_cache():
+  # Letters a, b, … are the ids 0, 1, …; through the cache _CacheMarkedLM favours 0 ('a').
+  tokenizer = types.SimpleNamespace(encode=lambda text: [ord(c) - ord('a') for c in text],
+                                    decode=lambda ids: ''.join(chr(ord('a') + i) for i in ids))
+  model = _CacheMarkedLM()
+  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))
+  texts = sampling.generate_text(model, variables, tokenizer, 'ff', jax.random.PRNGKey(1),
+                                 num_samples=3, num_new_tokens=4, temperature=0, top_k=2)
+  assert texts == ['ffaaaa'] * 3
 
 
 # ---- argument errors -----------------------------------------------------------------------
