@@ -143,6 +143,15 @@ def test_top_p_that_equals_a_cumulative_sum_stops_at_that_token(top_p, kept):
   np.testing.assert_array_equal(np.flatnonzero(np.isfinite(filtered[0])), kept)
 
 
+def test_bfloat16_logits_are_filtered_in_float32():
+  # (z − max z) / T in bfloat16 keeps 8 bits of mantissa: −1 / 0.3 would be −3.328125.
+  logits_1xV = jnp.asarray([[3.0, 2.0, -1.0]], jnp.bfloat16)
+  filtered = sampling.filter_logits(logits_1xV, temperature=0.3, top_k=2)
+  assert filtered.dtype == jnp.float32
+  expected = (np.float32(2.0) - np.float32(3.0)) / np.float32(0.3)
+  np.testing.assert_array_equal(np.asarray(filtered)[0], [0.0, expected, -np.inf])
+
+
 def test_top_p_equal_to_a_rounded_float32_cumulative_sum_keeps_exactly_that_prefix():
   # Masses that are not dyadic: the mass before token i + 1, taken as cumsum − p_(i+1), can
   # round below the cumulative sum of the first i and keep one token too many.
