@@ -90,15 +90,22 @@ def test_batch_not_divisible_by_devices():
 import json, tempfile
 from experiments.configs import digits_mlp
 from train import loop, optim
-c = digits_mlp.get_config()
-c.global_batch_size = 60
-try:
-  loop.setup(c, tempfile.mkdtemp())
-  print(json.dumps({'error': None}))
-except ValueError as e:
-  print(json.dumps({'error': str(e)}))
+errors = []
+# 60 over 8 devices; then 64 (8 per device), whose 16 micro-batches would divide the global
+# batch but not a device's 8 examples.
+for batch_size, accumulation in ((60, 1), (64, 16)):
+  c = digits_mlp.get_config()
+  c.global_batch_size, c.grad_accum_steps = batch_size, accumulation
+  try:
+    loop.setup(c, tempfile.mkdtemp())
+    errors.append(None)
+  except ValueError as e:
+    errors.append(str(e))
+print(json.dumps({'errors': errors}))
 ''', devices=8)
-  assert out['error'] == 'config.global_batch_size=60 is not divisible by the 8 devices of the mesh.'
+  assert out['errors'] == [
+      'config.global_batch_size=60 is not divisible by the 8 devices of the mesh.',
+      'config.grad_accum_steps=16 does not divide the batch of 8 examples per device.']
 
 
 def test_changed_model_with_old_workdir_stops_and_keeps_checkpoints(config, tmp_path):
