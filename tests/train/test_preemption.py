@@ -215,6 +215,13 @@ def test_an_evaluation_a_stop_skipped_runs_on_resuming_and_is_recorded_once(
 
   expected = _eval_records(straight)
   assert [r['step'] for r in expected] == [2, 4]
-  for _ in range(2):  # the resumed run, then a rerun of the finished run
+  hook_steps = []
+  run_hooks = loop.Run.run_hooks
+  monkeypatch.setattr(loop.Run, 'run_hooks',
+                      lambda self, state, step: hook_steps.append(step) or run_hooks(self, state,
+                                                                                     step))
+  for rerun in range(2):  # the resumed run, then a rerun of the finished run
     loop.setup(_stop_config(data_dir), stopped).train()
     assert _eval_records(stopped) == expected
+    if not rerun:  # the evaluation run on resuming gives its hooks the step it evaluates
+      assert hook_steps == [stop_at, 4][:1 + (stop_at == 2)]
