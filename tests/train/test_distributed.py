@@ -1,12 +1,14 @@
 """Distributed start-up: which mode joins which run, and two processes that join through a
 (faked) SLURM job step with nothing but JAX's own cluster detection."""
 
+import errno
 import json
 import os
 import socket
 import subprocess
 import sys
 import textwrap
+import types
 
 import jax
 import pytest
@@ -60,6 +62,21 @@ def test_a_single_task_slurm_job_runs_alone(calls, monkeypatch):
   assert distributed.initialize() is None and calls['initialize'] == []
 
 
+def test_an_opt_in_only_cluster_is_not_detected(calls, monkeypatch):
+  # As jax.distributed.initialize() without arguments, which asks only the other kinds (mpi4py,
+  # present wherever the package is installed, is one of the opt-in kinds).
+  from jax._src import clusters  # pylint: disable=g-import-not-at-top
+  def cluster(opt_in):
+    return type('Fake', (), {'name': 'fake', 'opt_in_only_method': opt_in,
+                             'is_env_present': staticmethod(lambda: True),
+                             'get_process_count': staticmethod(lambda: 2)})
+  monkeypatch.setattr(clusters.ClusterEnv, '_cluster_types', [cluster(True)])
+  assert distributed.detected_cluster() is None
+  assert distributed.initialize() is None and calls['initialize'] == []
+  monkeypatch.setattr(clusters.ClusterEnv, '_cluster_types', [cluster(True), cluster(False)])
+  assert distributed.detected_cluster() == 'fake'
+
+
 def test_off_ignores_coordinator_and_cluster(calls, monkeypatch):
   for name, value in _SLURM.items():
     monkeypatch.setenv(name, value)
@@ -89,7 +106,9 @@ def test_auto_refuses_other_processes_without_a_coordinator(calls, monkeypatch, 
 
 @pytest.mark.parametrize('arguments, environment', [
     ((1, 0), {}), ((None, None), {'JAX_NUM_PROCESSES': '1', 'JAX_PROCESS_ID': '0'}),
-    ((None, None), {'JAX_NUM_PROCESSES': ''})])
+    ((None, None), {'JAX_NUM_PROCESSES': ''}),
+    ((None, None), {'JAX_NUM_PROCESSES': ' 1 ', 'JAX_PROCESS_ID': '0 '}),  # as int() reads them
+    ((1, 0), {'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': '1'})])  # the arguments win, 0 too
 def test_auto_without_a_coordinator_runs_alone_when_told_one_process(calls, monkeypatch,
                                                                      arguments, environment):
   for name, value in environment.items():
@@ -288,6 +307,22 @@ def test_a_port_whose_last_connection_lingers_is_free(calls):
   assert calls['initialize'][-1]['coordinator_address'] == f'127.0.0.1:{port}'
 
 
+def test_a_machine_without_ipv6_probes_the_port_on_ipv4_alone(calls, monkeypatch):
+  socket_class = socket.socket
+  def no_ipv6(family=socket.AF_INET, *args):
+    if family == socket.AF_INET6:
+      raise OSError(errno.EAFNOSUPPORT, 'Address family not supported by protocol')
+    return socket_class(family, *args)
+  monkeypatch.setattr(socket, 'socket', no_ipv6)
+  port = _free_port()
+  assert distributed.initialize(f'127.0.0.1:{port}', 2, 0) == 'manual'
+  with socket_class() as holder:
+    holder.bind(('0.0.0.0', 0))
+    port = holder.getsockname()[1]
+    with pytest.raises(ValueError, match=f'^Port {port} of --coordinator_address='):
+      distributed.initialize(f'127.0.0.1:{port}', 2, 0)
+
+
 def test_a_coordinator_bound_elsewhere_skips_the_port_check(calls, monkeypatch):
   # With JAX_COORDINATOR_BIND_ADDRESS the coordinator listens there, not on this port.
   with socket.socket() as holder:
@@ -305,6 +340,23 @@ def test_an_installed_accelerator_plugin_is_not_cpu_only(platforms, monkeypatch)
       distributed.importlib.metadata, 'entry_points',
       lambda group=None: found if group == 'jax_plugins' else entry_points(group=group))
   assert not distributed.cpu_only()
+
+
+def test_libtpu_or_a_jax_plugins_module_is_not_cpu_only(platforms, monkeypatch, tmp_path):
+  platforms(None)
+  namespace = types.ModuleType('jax_plugins')  # JAX's namespace package for plugins
+  namespace.__path__ = [str(tmp_path)]
+  monkeypatch.setitem(sys.modules, 'jax_plugins', namespace)
+  assert distributed.cpu_only()  # the namespace, empty
+  (tmp_path / 'xla_cuda12').mkdir()
+  (tmp_path / 'xla_cuda12' / '__init__.py').write_text('')
+  assert not distributed.cpu_only()
+  monkeypatch.delitem(sys.modules, 'jax_plugins')
+  find_spec = distributed.importlib.util.find_spec
+  monkeypatch.setattr(distributed.importlib.util, 'find_spec',
+                      lambda name, *args: object() if name == 'libtpu' else find_spec(name, *args))
+  assert not distributed.cpu_only()
+
 
 def test_a_real_coordinator_on_a_free_port_is_joined_and_its_port_then_in_use():
   """The check against JAX itself, in a child as initialize runs once per process: the port

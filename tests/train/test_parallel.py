@@ -4,9 +4,15 @@ a classifier with batch norm (also over 2 micro-batches, against 1 device's 2), 
 language-model loss whose padding differs from device to device (the global token average, not
 a mean of per-device means)."""
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+import numpy as np
 import pytest
 
 from tests.subprocess_util import run_python
+from train import parallel
 
 _TRAIN_10_STEPS = '''
 import functools, json
@@ -166,7 +172,6 @@ def test_fsdp_splits_floating_point_leaves_and_keeps_the_step_and_key_whole():
 
 @pytest.mark.parametrize('value', [-1, 1.5, None, True])
 def test_a_wrong_fsdp_min_size_is_named(value):
-  from train import parallel  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match=f'parallel.fsdp_min_size must be a non-negative integer '
                                        f'.*got {value!r}'):
     parallel.Parallel('fsdp', parallel.make_mesh(1), fsdp_min_size=value)
@@ -180,7 +185,6 @@ def test_a_wrong_fsdp_min_size_is_named(value):
     ((3, 5), 2, 0, ()),  # none does
 ])
 def test_fsdp_splits_the_largest_dimension_the_axis_divides(shape, axis_size, min_size, spec):
-  from train import parallel  # pylint: disable=g-import-not-at-top
   assert tuple(parallel.fsdp_spec(shape, axis_size, min_size)) == spec
 
 
@@ -216,3 +220,110 @@ def test_a_batch_norm_model_sets_up_and_trains_under_shard_map_and_pmap(data_dir
     assert isinstance(out[mode], dict), out[mode]
     for name, value in out['jit'].items():
       assert abs(out[mode][name] - value) < 1e-5, (mode, name, out[mode][name], value)
+
+
+# In-process checks on this process's own device(s): the mesh, the rules, the layouts.
+
+
+def test_a_device_count_outside_the_available_devices_is_refused():
+  available = jax.device_count()
+  for num_devices in (0, available + 1):
+    with pytest.raises(ValueError, match=f'^parallel.num_devices={num_devices} is not between 1 '
+                                         f'and the {available} available devices.$'):
+      parallel.make_mesh(num_devices)
+
+
+@pytest.mark.parametrize('model_parallelism', [0, -1, 1.0])
+def test_a_model_parallelism_not_a_positive_integer_is_refused(model_parallelism):
+  with pytest.raises(ValueError, match=f'^parallel.model_parallelism={model_parallelism!r} must '
+                                       'be a positive integer that divides the 1 devices.$'):
+    parallel.make_mesh(1, model_parallelism)
+
+
+def test_logical_axis_rules_as_lists_become_tuples_and_malformed_ones_are_refused():
+  # A config read from JSON or flags holds lists.
+  rules = [['batch', ['data', 'model']], ['heads', 'model'], ['mlp', None]]
+  assert parallel.check_rules(rules) == (
+      ('batch', ('data', 'model')), ('heads', 'model'), ('mlp', None))
+  with pytest.raises(ValueError, match=r"holds \('heads', 'model', None\); each rule is a pair"):
+    parallel.check_rules([('heads', 'model', None)])
+  for axes, shown in (('tensor', "'tensor'"), (['data', 'tensor'], "('data', 'tensor')")):
+    with pytest.raises(ValueError) as info:
+      parallel.check_rules([('batch', axes)])
+    assert str(info.value).startswith(
+        f"parallel.logical_axis_rules maps 'batch' to {shown}; allowed")
+  # No rules at all (every leaf replicated) stay none, not the default.
+  assert parallel.Parallel('tensor', parallel.make_mesh(1, 1), logical_axis_rules=()).rules == ()
+
+
+def test_megatron_rules_split_heads_and_mlp_over_model_and_the_batch_over_data():
+  """Shoeybi et al. (2019): W^{Q,K,V} [D, N, H] and W_1 [D, F] split by output, W^O [N, H, D] and
+  W_2 [F, D] by input; embeddings replicated; activations [B, T, D] split by example. Read on a
+  1 × 1 mesh, whose specs name the axes as on any other."""
+  par = parallel.Parallel('tensor', parallel.make_mesh(1, 1))
+  swapped = jax.sharding.Mesh(par.mesh.devices, ('model', 'data'))
+  with pytest.raises(ValueError, match=r"^parallel.mode='tensor' needs a mesh with axes \('data'"):
+    parallel.Parallel('tensor', swapped)
+  boxed = lambda shape, names: nn.LogicallyPartitioned(jax.ShapeDtypeStruct(shape, jnp.float32),
+                                                       names=names)
+  state = {'query': boxed((4, 2, 3), ('embed', 'heads', 'kv')),
+           'out': boxed((2, 3, 4), ('heads', 'kv', 'embed')),
+           'hidden': boxed((4, 6), ('embed', 'mlp')), 'output': boxed((6, 4), ('mlp', 'embed')),
+           'embedding': boxed((5, 4), ('vocab', 'embed')),
+           # Boxed with mesh axes themselves (nn.with_partitioning): taken as they are.
+           'mesh_named': nn.Partitioned(jax.ShapeDtypeStruct((4, 6), jnp.float32),
+                                        names=(None, 'model')),
+           'step': jax.ShapeDtypeStruct((), jnp.int32)}
+  specs = {name: s.spec for name, s in par.state_shardings(state).items()}
+  assert specs == {'query': P(None, 'model', None), 'out': P('model', None, None),
+                   'hidden': P(None, 'model'), 'output': P('model', None), 'embedding': P(),
+                   'mesh_named': P(None, 'model'), 'step': P()}
+  assert nn.get_logical_axis_rules() == ()
+  with par.context():  # where the steps trace: the activations' constraints take the rules
+    assert nn.logical_to_mesh_axes(('batch', 'length', 'embed')) == P('data', None, None)
+    assert nn.logical_to_mesh_axes(('batch', 'length', 'heads', 'kv')) == P(
+        'data', None, 'model', None)
+  assert nn.get_logical_axis_rules() == ()
+
+
+def test_the_tensor_train_step_traces_inside_the_mesh_and_rules():
+  par = parallel.Parallel('tensor', parallel.make_mesh(1, 1))
+  init_fn = lambda rng: {'w': jnp.zeros(3)}
+  traced_rules = []
+  def train_step(state, batch):
+    traced_rules.append(nn.get_logical_axis_rules())
+    return state, {'n': jnp.sum(batch['x'])}
+  step = par.compile_train_step(train_step, par.abstract_state(init_fn, jax.random.PRNGKey(0)))
+  _, metrics = step(par.init_state(init_fn, jax.random.PRNGKey(0)),
+                    par.shard_batch({'x': np.ones(4, np.float32)}))
+  assert traced_rules == [par.rules] and float(metrics['n']) == 4.0
+
+
+@pytest.mark.parametrize('mode, axis_name, spec', [
+    ('jit', None, ()), ('fsdp', None, (None, 'data')), ('shard_map', 'data', ()),
+    ('pmap', 'data', ()), ('tensor', None, ())])
+def test_which_modes_map_over_devices_and_which_split_the_state(mode, axis_name, spec):
+  """Only the mapped modes bind the axis batch statistics average over; only 'fsdp' splits a
+  parameter (of at least fsdp_min_size elements) without names, along its largest dimension."""
+  par = parallel.Parallel(mode, parallel.make_mesh(1, 1 if mode == 'tensor' else None),
+                          fsdp_min_size=24)
+  assert par.axis_name == axis_name
+  kernel = jax.ShapeDtypeStruct((4, 6), jnp.float32)
+  small = jax.ShapeDtypeStruct((4, 5), jnp.float32)
+  shardings = par.state_shardings({'kernel': kernel, 'small': small,
+                                   'boxed': nn.Partitioned(kernel, names=(None, None))})
+  assert tuple(shardings['kernel'].spec) == spec
+  assert tuple(shardings['small'].spec) == ()  # 20 elements, fewer than fsdp_min_size
+  assert isinstance(shardings['boxed'], jax.sharding.NamedSharding)  # unboxed in every mode
+  # The default fsdp_min_size, 1024, keeps the 24 elements whole; 0 is allowed.
+  assert tuple(parallel.Parallel(mode, par.mesh).state_shardings(kernel).spec) == ()
+  assert parallel.Parallel(mode, par.mesh, fsdp_min_size=0).fsdp_min_size == 0
+
+
+def test_batches_are_split_over_data_and_pmap_gets_one_row_per_local_device():
+  batch = {'x': np.arange(12).reshape(6, 2)}
+  for mode in ('jit', 'shard_map'):
+    sharded = parallel.Parallel(mode, parallel.make_mesh(1)).shard_batch(batch)['x']
+    assert sharded.sharding.spec == P('data') and np.array_equal(sharded, batch['x'])
+  pmapped = parallel.Parallel('pmap', parallel.make_mesh(1)).shard_batch(batch)['x']
+  assert np.array_equal(pmapped, batch['x'][None])  # [devices, examples per device, ...]
