@@ -174,3 +174,16 @@ def test_the_train_data_follows_the_configs_seed_and_batch_size(monkeypatch):
       preprocess=None))
   options = loop.Run.train_iterator(run)
   assert (options['seed'], options['global_batch_size']) == (7, 24)
+
+
+def test_the_initial_parameters_follow_the_configs_seed(tmp_path):
+  config = digits_mlp.get_config()
+  config.data.data_dir = str(tmp_path / 'data')
+  kernels = {}
+  for index, seed in enumerate((0, 3, 3)):
+    config.seed = seed
+    run = loop.setup(config, str(tmp_path / f'run{index}'))
+    params = run.init_fn(run.rng).params
+    kernels.setdefault(seed, []).append(np.asarray(jax.tree.leaves(params)[-1]))
+  np.testing.assert_array_equal(*kernels[3])  # the same seed, the same parameters
+  assert not np.allclose(kernels[0][0], kernels[3][0])
