@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from data import idx
+from data.builders import fashion_mnist
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FASHION_MNIST_DIR = os.environ.get(
@@ -85,3 +86,63 @@ def test_files_whose_length_disagrees_with_the_header_are_refused(tmp_path, cont
   path.write_bytes(content)
   with pytest.raises(ValueError, match=message):
     idx.read_idx(path)
+
+
+def test_a_file_shorter_than_the_magic_number_is_a_value_error(tmp_path):
+  # Three bytes: the dimension count, the fourth, is missing (an IndexError would escape).
+  path = tmp_path / 'short.idx'
+  path.write_bytes(b'\x00\x00\x08')
+  with pytest.raises(ValueError, match="magic number '000008'"):
+    idx.read_idx(path)
+
+
+@pytest.mark.parametrize('shape', [(0,), (0, 28, 28), (3, 0)])
+def test_arrays_without_elements_are_read_from_their_header_alone(tmp_path, shape):
+  # The file is exactly 4 + 4 * ndim bytes: a header and no data.
+  path = tmp_path / 'empty.idx'
+  path.write_bytes(_idx_bytes(0x0D, shape, b''))
+  array = idx.read_idx(path)
+  assert array.shape == shape and array.dtype == np.float32
+
+
+def test_corrupt_gzip_data_names_the_file(tmp_path):
+  # Intact gzip header, then a deflate block of the reserved type 0b11: zlib's error, not a
+  # truncation.
+  compressed = bytearray(gzip.compress(_idx_bytes(0x08, (100,), bytes(100))))
+  compressed[10] = 0xFF
+  path = tmp_path / 'bad.idx.gz'
+  path.write_bytes(bytes(compressed))
+  with pytest.raises(ValueError, match=f'{path} is a truncated or corrupt gzip file'):
+    idx.read_idx(path)
+
+
+_IMAGES = np.zeros((3, 28, 28), np.uint8)
+
+
+def test_fashion_mnist_labels_0_to_9_one_per_image_pass():
+  fashion_mnist.check_arrays(_IMAGES, np.array([0, 9, 5], np.uint8), 'images', 'labels')
+
+
+@pytest.mark.parametrize('labels, message', [
+    (np.array([0, 10, 9], np.uint8), 'label 10 at position 1'),  # just past the 10 names
+    (np.array([0, 10, 12], np.uint8), 'label 10 at position 1'),  # the first, not the largest
+    (np.array([0, 1], np.uint8), r'labels uint8 \(2,\)'),  # fewer labels than images
+    (np.array([0, 1, 2, 3], np.uint8), r'labels uint8 \(4,\)'),
+    (np.array([0, 1, 2], np.int32), r'labels int32 \(3,\)'),  # IDX type 0x0C, not 0x08
+])
+def test_fashion_mnist_labels_outside_the_idx_contents_are_refused(labels, message):
+  with pytest.raises(ValueError, match=message):
+    fashion_mnist.check_arrays(_IMAGES, labels, 'images', 'labels')
+
+
+def test_fashion_mnist_label_names_are_the_published_table():
+  # zalandoresearch/fashion-mnist README, "Labels": label 0 … 9.
+  assert fashion_mnist.LABEL_NAMES == ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat',
+                                       'Sandal', 'Shirt', 'Sneaker', 'Bag', 'Ankle boot')
+
+
+@pytest.mark.parametrize('shape', [(3, 28, 27), (3, 28, 28, 1), (3, 784)])
+def test_fashion_mnist_images_other_than_28_by_28_are_refused(shape):
+  with pytest.raises(ValueError, match=r'images uint8 \(3, '):
+    fashion_mnist.check_arrays(np.zeros(shape, np.uint8), np.zeros(3, np.uint8), 'images',
+                               'labels')

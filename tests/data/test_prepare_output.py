@@ -4,7 +4,13 @@ preparation, and happens once when two processes ask for it together."""
 import os
 import subprocess
 import sys
+import types
 
+import ml_collections
+import numpy as np
+
+from data import inputs
+from data import pipeline
 from tests.subprocess_util import REPO_ROOT
 
 _LOAD_DIGITS = '''
@@ -64,3 +70,27 @@ def test_two_processes_prepare_once(tmp_path):
   errs = [_finish(p) for p in processes]
   lines = [line for err in errs for line in err.splitlines()]
   assert len(lines) == 1 and lines[0].startswith("preparing data set 'digits' "), errs
+
+
+def test_a_record_data_set_reaches_a_run_in_memory_with_its_classes_and_shapes(tmp_path,
+                                                                             monkeypatch):
+  # data.inputs on a stand-in for a prepared data set (nothing is prepared): the splits the
+  # config names, held in memory, and what the model and task read from the records.
+  sizes = {'train': 5, 'test': 3}
+  def load(name, split, data_dir=None):
+    assert (name, data_dir) == ('digits', str(tmp_path))
+    # Label first: meta lists the features sorted.
+    return [{'label': i % 10, 'image': np.full((8, 8, 1), i, np.uint8)}
+            for i in range(sizes[split])]
+  label = types.SimpleNamespace(num_classes=10)
+  monkeypatch.setattr(inputs.datasets, 'load', load)
+  monkeypatch.setattr(inputs.datasets, 'info', lambda name, data_dir=None: types.SimpleNamespace(
+      features={'image': None, 'label': label}))
+  config = ml_collections.ConfigDict({'name': 'digits', 'train_split': 'train',
+                                      'eval_split': 'test', 'data_dir': str(tmp_path)})
+  train, evaluation, meta = inputs.make_sources(config, str(tmp_path / 'work'))
+  assert (len(train), len(evaluation)) == (5, 3)
+  assert isinstance(train, pipeline.InMemorySource)
+  assert isinstance(evaluation, pipeline.InMemorySource)
+  assert meta == {'num_classes': 10, 'model_defaults': {'num_classes': 10},
+                  'features': ('image', 'label'), 'shapes': {'image': (8, 8, 1), 'label': ()}}

@@ -89,3 +89,13 @@ def test_bad_shapes_raise_clear_errors():
   scaler = scaling.fit(np.ones((4, 3)))
   with pytest.raises(ValueError, match=r'\(2, 4\) does not match .* features of shape \(3,\)'):
     scaling.transform(scaler, np.zeros((2, 4)))
+
+
+def test_data_whose_feature_shape_would_broadcast_is_refused():
+  # Every feature axis must match, not only the last: (2, 1, 3) would broadcast to (2, 4, 3).
+  scaler = scaling.fit(np.random.default_rng(9).normal(size=(10, 4, 3)))
+  for shape in ((2, 1, 3), (2, 3)):
+    with pytest.raises(ValueError, match=r'does not match .* features of shape \(4, 3\)'):
+      scaling.transform(scaler, np.zeros(shape))
+    with pytest.raises(ValueError, match=r'does not match .* features of shape \(4, 3\)'):
+      scaling.inverse_transform(scaler, np.zeros(shape))

@@ -210,3 +210,42 @@ def test_a_missing_config_suggests_a_forecasting_config(tmp_path):
   assert result.stderr == ('error: --config is missing; give the experiment config file, e.g. '
                            '--config=experiments/configs/co2_forecast_shifted.py.\n')
   assert os.listdir(tmp_path) == []
+
+
+def test_a_short_window_slides_and_the_baselines_still_read_a_whole_season(config, tmp_path):
+  # A context of 4 months, shorter than the season, and fewer steps (2) than the model's 4
+  # horizons; random parameters, nothing trained. Mean pooling: the model sees every position.
+  config.data.series_window = 4
+  config.model.pooling = 'mean'
+  workdir = fake_runs.save_random_run(config, str(tmp_path / 'run'), step=3)
+  record = forecast.evaluate(config, workdir, num_steps=2)
+  from train import checkpoint, loop  # pylint: disable=g-import-not-at-top
+  module = loop.build_parts(config, workdir)[4]
+  variables = checkpoint.eval_variables(checkpoint.restore_arrays(workdir))
+
+  x = _months(config.data.data_dir)
+  origins = np.array(record['origin_indices'])
+  assert origins[0] == 473 and origins[-1] == 525 - 2
+  truth = x[origins[:, None] + np.array([1, 2])]
+  # Scaled with the train split's mean and 1/n deviation, written out.
+  train = x[:len(datasets.load('co2', 'train', data_dir=config.data.data_dir))]
+  mean, std = train.mean(), train.std()
+  apply = lambda window: np.asarray(
+      module.apply(variables, ((window - mean) / std).astype(np.float32), train=False),
+      np.float64) * std + mean
+  window = x[origins[:, None] + np.arange(-3, 1)]
+  direct = apply(window)
+  # Autoregressive by hand: h = 1 from the last 4 values, then from the last 3 and ŷ_1.
+  first = direct[:, 0]
+  second = apply(np.concatenate([window[:, 1:], first[:, None]], axis=1))[:, 0]
+  methods = record['methods']
+  np.testing.assert_allclose(methods['causal_conv_pooled (direct)']['forecasts'],
+                             direct[:, :2], rtol=1e-5)
+  np.testing.assert_allclose(methods['causal_conv_pooled (autoregressive)']['forecasts'],
+                             np.stack([first, second], axis=1), rtol=1e-5)
+  np.testing.assert_allclose(methods['causal_conv_pooled (direct)']['mae_by_horizon'],
+                             np.abs(direct[:, :2] - truth).mean(axis=0), rtol=1e-5)
+  # The seasonal naive forecast reads 12 months back, beyond the 4-month window.
+  np.testing.assert_allclose(methods['seasonal naive (12 months)']['mae_by_horizon'],
+                             np.abs(x[origins[:, None] + np.array([1, 2]) - 12] - truth)
+                             .mean(axis=0), rtol=1e-6)
