@@ -117,6 +117,12 @@ def test_digits_split_is_a_stratified_partition_of_the_bundled_images(tmp_path):
   class_sizes = np.bincount(bunch.target, minlength=10)
   test_sizes = np.bincount([r['label'] for r in test], minlength=10)
   assert np.all(np.abs(test_sizes - class_sizes * 360 / 1797) <= 1), test_sizes
+  # The documented split: the images train_test_split(random_state=0) picks, in bundled order.
+  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
+  _, picked = model_selection.train_test_split(np.arange(1797), test_size=360,
+                                               stratify=bunch.target, random_state=0)
+  np.testing.assert_array_equal(np.stack([r['image'][..., 0] for r in test]),
+                                bunch.images[np.sort(picked)])
 
 
 def test_digits_split_is_the_same_when_prepared_again(tmp_path):
