@@ -35,9 +35,9 @@ def _log_density(x_D, mixture, a, s):
   """log Σ_k w_k N(x; a μ_k, a² Σ_k + s² I) by a loop over components, float64."""
   total = 0.0
   for w, mu, cov in zip(*(np.asarray(v, np.float64) for v in mixture)):
-    c = a**2 * cov + s**2 * np.eye(2)
+    c = a**2 * cov + s**2 * np.eye(len(x_D))
     d = x_D - a * mu
-    total += w * np.exp(-0.5 * d @ np.linalg.solve(c, d)) / (2 * np.pi * np.sqrt(np.linalg.det(c)))
+    total += w * np.exp(-0.5 * d @ np.linalg.solve(c, d)) / np.sqrt(np.linalg.det(2 * np.pi * c))
   return np.log(total)
 
 
@@ -62,6 +62,33 @@ def test_exact_score_is_the_gradient_of_the_diffused_density(sde):
   # Measured: relative error ≤ 6e-7 (float32). σ(t) in place of std(t) (VE) gives 0.75, a
   # missing a(t) (VP, sub-VP) 0.16.
   np.testing.assert_allclose(score_BxD, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_exact_score_in_three_dimensions_rotates_into_and_out_of_each_eigenbasis():
+  # In 2-D `eigh` returns symmetric eigenvector matrices (reflections), so U and Uᵀ coincide
+  # there; a tilted 3-D covariance tells them apart.
+  a_1 = np.array([[0.0, -0.8, 0.6], [1.0, 0.0, 0.0], [0.0, 0.6, 0.8]])
+  mixture = toy2d.gaussian_mixture(
+      [0.6, 0.4], [[0.0, 0.0, 0.0], [0.3, -0.2, 0.1]],
+      [a_1 @ np.diag([0.01, 0.04, 0.09]) @ a_1.T, np.diag([0.02, 0.05, 0.03])])
+  sde = sde_lib.VPSDE()
+  t_B, x_BxD = np.array([0.01, 0.2]), np.array([[0.1, 0.2, -0.1], [0.4, -0.1, 0.3]])
+  score_BxD = np.asarray(jax.jit(md.exact_score_fn(mixture, sde))(
+      jnp.asarray(x_BxD, jnp.float32), jnp.asarray(t_B, jnp.float32)))
+  h = 1e-6
+  expected = [[(_log_density(x + h * e, mixture, *_kernel(sde, t))
+                - _log_density(x - h * e, mixture, *_kernel(sde, t))) / (2 * h) for e in np.eye(3)]
+              for x, t in zip(x_BxD, t_B)]
+  np.testing.assert_allclose(score_BxD, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_annealed_langevin_runs_only_for_the_ve_sde():
+  # It anneals σ_max > … > σ_min, which only the VE SDE has.
+  steps = dict(pc_steps=1, ode_steps=1, annealed_levels=2, annealed_steps_per_level=1,
+               annealed_epsilon=1e-3)
+  for sde, names in ((sde_lib.VESDE(), md.SAMPLERS), (sde_lib.VPSDE(), ('pc', 'ode')),
+                     (sde_lib.SubVPSDE(), ('pc', 'ode'))):
+    assert tuple(md.samplers(None, sde, 4, **steps)) == names
 
 
 def test_noise_level_times_have_kernel_std_sigma():
@@ -225,3 +252,64 @@ def test_a_report_file_that_is_a_folder_is_refused_before_the_run_is_read(tmp_pa
   assert info.value.code == (f"error: '{tmp_path / md.OUTPUT_FILE}', the file the report is "
                              'appended to, is a folder.')
 
+
+def test_report_passes_each_setting_on_and_sums_up_each_samplers_own_draws(monkeypatch):
+  # Stand-ins for the samplers, the likelihood and the two-sample test: fixed draws per sampler,
+  # fixed log-likelihoods per divergence, and as the "test" the numbers of points compared.
+  mixture, sde = toy2d.ring(), sde_lib.VESDE()
+  rng = np.random.default_rng(0)
+  draws = {name: rng.normal(size=(4, 2)) for name in ('langevin', *md.SAMPLERS)}
+  test_points = rng.normal(size=(5, 2)) + [2.0, 0.0]
+  log_likelihoods = {'exact': rng.normal(size=5) - 3, 'hutchinson': rng.normal(size=5) - 3}
+  calls = {}
+
+  def fake(name, result):
+    def call(*args, **kwargs):
+      calls[name] = (args, kwargs)
+      return jnp.asarray(result(kwargs) if callable(result) else result, jnp.float32)
+    return call
+
+  monkeypatch.setattr(md.langevin, 'langevin_sample', fake('langevin', draws['langevin']))
+  monkeypatch.setattr(md.langevin, 'annealed_langevin_sample',
+                      fake('annealed_langevin', draws['annealed_langevin']))
+  monkeypatch.setattr(md.sde_lib, 'pc_sample', fake('pc', draws['pc']))
+  monkeypatch.setattr(md.sde_lib, 'ode_sample', fake('ode', draws['ode']))
+  monkeypatch.setattr(md.sde_lib, 'ode_log_likelihood',
+                      fake('likelihood', lambda kwargs: log_likelihoods[kwargs['divergence']]))
+  monkeypatch.setattr(md.langevin, 'two_sample_test',
+                      lambda x, y, key, num: (y.shape[0] + 0.0, jnp.sum(x)))
+  monkeypatch.setattr(md, 'prior_mismatch', lambda *args: (0.0, 0.0))  # 20,000 draws
+  learned = lambda x_BxD, t_B: -x_BxD
+  result = md.report(learned, sde, mixture, test_points, jax.random.PRNGKey(0), num_samples=4,
+                     langevin_steps=11, langevin_step_size=0.03, pc_steps=12, ode_steps=13,
+                     annealed_levels=14, annealed_steps_per_level=15, annealed_epsilon=0.02,
+                     likelihood_steps=16, ode_method='heun', compare_with_exact=False)
+  assert calls['langevin'][0][3:] == (0.03, 11)
+  assert calls['pc'][1] == {'num_steps': 12}
+  assert calls['ode'][1] == {'num_steps': 13, 'method': 'heun'}
+  # The annealed levels σ_1 … σ_L (traced here: only their number is known).
+  assert calls['annealed_langevin'][0][3].shape == (14,)
+  assert calls['annealed_langevin'][0][4:] == (0.02, 15)
+  assert calls['likelihood'][1]['num_steps'] == 16 and calls['likelihood'][1]['method'] == 'heun'
+  assert all(calls[name][0][1] is learned for name in ('pc', 'ode', 'likelihood'))
+
+  # Langevin against `num_samples` exact draws, the samplers against the 5 test points; the
+  # moments of each row are those of its own draws (the ring's mean is 0).
+  rows = {'langevin': result['langevin'], **result['samplers']['learned']}
+  assert {name: row['energy_distance'] for name, row in rows.items()} == {
+      'langevin': 4, 'pc': 5, 'ode': 5, 'annealed_langevin': 5}
+  for name, row in rows.items():
+    assert row['p_value'] == pytest.approx(draws[name].sum(), abs=1e-5)
+    assert row['mean_error'] == pytest.approx(np.hypot(*draws[name].mean(0)), rel=1e-6)
+  for name in md.SAMPLERS:
+    np.testing.assert_allclose(result['samples'][name], draws[name], rtol=1e-6)
+
+  # NLL −log p and its gap to the exact NLL of each test point, written out by a loop.
+  exact_nll = -np.array([_log_density(x, mixture, 1.0, 0.0) for x in test_points])
+  for divergence, name in (('exact', 'exact_trace'), ('hutchinson', 'hutchinson')):
+    numbers = result['likelihood']['learned'][name]
+    gap = -log_likelihoods[divergence] - exact_nll
+    assert numbers['nll'] == pytest.approx(-log_likelihoods[divergence].mean(), rel=1e-5)
+    assert numbers['gap'] == pytest.approx(gap.mean(), rel=1e-4)
+    assert numbers['gap_se'] == pytest.approx(gap.std() / np.sqrt(5), rel=1e-4)
+    assert numbers['max_abs_gap'] == pytest.approx(np.abs(gap).max(), rel=1e-4)

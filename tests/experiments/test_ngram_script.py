@@ -27,6 +27,23 @@ def test_every_order_gets_every_smoothing():
   assert specs[2][2] == {'smoothing': 'add_k', 'add_k': 0.01}
 
 
+def test_the_heading_names_the_constants_only_of_the_smoothings_run():
+  settings = dict(window=8, orders=['2'], add_ks=['1'], kn_discount='0.75', prompt='A',
+                  sample_length=3, seed=0)
+  assert ngram.settings_heading(smoothings=['kneser_ney'], **settings) == (
+      "## `--window=8 --orders=2 --smoothing=kneser_ney --kn_discount=0.75 --prompt='A' "
+      '--sample_length=3 --seed=0`')
+
+
+@pytest.mark.parametrize('add_k, discount', [('0', '0'), ('0', '1')])
+def test_the_ends_of_the_smoothing_ranges_are_accepted(add_k, discount):
+  # k = 0 counts without smoothing, and D in [0, 1] includes both ends.
+  specs = ngram.model_specs(['2'], ['kneser_ney', 'add_k'], [add_k], discount)
+  assert [options for _, _, options in specs] == [
+      {'smoothing': 'kneser_ney', 'discount': float(discount)},
+      {'smoothing': 'add_k', 'add_k': 0.0}]
+
+
 @pytest.mark.parametrize('orders, smoothing, add_k, discount, parts', [
     (['0', '2'], ['add_k'], ['1'], '0.75', ['--orders=0,2 must be positive integers.']),
     (['two'], ['add_k'], ['1'], '0.75', ['--orders=two must be positive integers.']),
@@ -122,6 +139,9 @@ def test_a_rerun_with_other_settings_appends_its_table_and_samples_under_its_own
     tmp_path):
   # Each run wrote results.md and samples.txt over the earlier run's.
   source = _two_speakers(tmp_path)
+  # A tail unlike the rest, so that the validation and test splits hold different text.
+  with open(source / 'input.txt', 'a', encoding='utf-8') as f:
+    f.write('young. ' * 32)
   workdir = tmp_path / 'run'
   workdir.mkdir()
   earlier_table = '| n | smoothing |\n|---|---|\n| 1 | earlier |'  # its last line left unended
@@ -148,11 +168,31 @@ def test_a_rerun_with_other_settings_appends_its_table_and_samples_under_its_own
   assert results == f'{earlier_table}\n\n{heading}\n\n{about}.\n\n{table}'
   assert samples.startswith(f'an earlier sample\n\n{heading}\n\n### n = 1, Kneser–Ney, '
                             'D = 0.75\n\nROMEO:')
+  # The unigram add-1 row worked out from input.txt: fitted on the first 90 % of the characters
+  # (train), scored on the next 5 % (validation) with every character but the first a target,
+  # p(c) = (count(c) + 1) / (N + V); perplexity e^(nats/target), bits/char nats/target/ln 2.
+  corpus = (source / 'input.txt').read_text(encoding='utf-8')
+  train = corpus[:int(0.9 * len(corpus))]
+  rest = corpus[len(train):]
+  validation = rest[:int(0.5 * len(rest))]
+  vocab = sorted(set(train))
+  p = {c: (train.count(c) + 1) / (len(train) + len(vocab)) for c in vocab}
+  nats_per_char = -np.mean([np.log(p[c]) for c in validation[1:]])
+  row = next(line for line in table.splitlines() if line.startswith('| 1 | add-k, k = 1 |'))
+  perplexity, bits = (float(v) for v in row.split('|')[3:5])
+  assert perplexity == pytest.approx(np.exp(nats_per_char), abs=1e-3)
+  assert bits == pytest.approx(nats_per_char / np.log(2), abs=1e-4)
+  # A window of T holds T targets: ⌈(M − 1) / T⌉ windows of the M validation characters.
+  windows = lambda size: f'{-(-(len(validation) - 1) // size)} evaluation windows of {size}'
+  assert about == (f'Tiny Shakespeare: {len(train):,} train / {len(validation):,} validation '
+                   f'characters, V = {len(vocab)}, {windows(256)}')
 
   about_2, table_2, results_2, samples_2 = run('--orders=1', '--smoothing=add_k',
-                                               '--add_k=0.5', '--seed=3', '--sample_length=10')
-  heading_2 = ("## `--window=256 --orders=1 --smoothing=add_k --add_k=0.5 --prompt='ROMEO:' "
+                                               '--add_k=0.5', '--seed=3', '--sample_length=10',
+                                               '--window=64')
+  heading_2 = ("## `--window=64 --orders=1 --smoothing=add_k --add_k=0.5 --prompt='ROMEO:' "
                "--sample_length=10 --seed=3`")
+  assert about_2 == about.replace(windows(256), windows(64))
   assert table_2.count('\n') == 2 + 1 and '| 1 | add-k, k = 0.5 | ' in table_2
   assert results_2 == f'{results}\n{heading_2}\n\n{about_2}.\n\n{table_2}'
   # Every sample under its model's heading, each run's under the run's; the second run's
@@ -164,6 +204,12 @@ def test_a_rerun_with_other_settings_appends_its_table_and_samples_under_its_own
       heading_2, '### n = 1, add-k, k = 0.5']
   last = samples_2.split('### n = 1, add-k, k = 0.5\n\n')[-1]
   assert last.startswith('ROMEO:') and len(last) == len('ROMEO:') + 10 + 1 and last[-1] == '\n'
+  # The unigram add-0.5 sample with --seed=3: 10 draws of rng.choice(V, p) from that seed.
+  rng = np.random.default_rng(3)
+  counts = np.array([train.count(c) for c in vocab])
+  p_half = (counts + 0.5) / (len(train) + 0.5 * len(vocab))
+  assert last[len('ROMEO:'):-1] == ''.join(vocab[rng.choice(len(vocab), p=p_half)]
+                                           for _ in range(10))
 
 
 def test_a_workdir_that_is_a_file_is_refused_before_the_data_is_read(tmp_path):
