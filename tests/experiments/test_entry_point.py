@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests.subprocess_util import REPO_ROOT
 
 _DIGITS = 'experiments/configs/digits_mlp.py'
@@ -57,6 +59,13 @@ def test_unknown_key(tmp_path):
   assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--config.foo=1') == (
       "error: --config.foo: the config has no key 'foo'; every key and its default is in "
       'experiments/configs/default.py.')
+
+
+def test_a_key_inside_an_empty_block_says_to_set_the_block_whole(tmp_path):
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}',
+                '--config.data.options.source_dir=/x') == (
+      "error: --config.data.options.source_dir: config.data.options has no key 'source_dir'; it "
+      "is empty, so set it whole, e.g. --config.data.options=\"{'source_dir': ...}\".")
 
 
 def test_unknown_key_names_the_real_ones_nearby(tmp_path):
@@ -130,6 +139,11 @@ def test_badly_typed_override(tmp_path):
   assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}',
                 '--config.num_train_steps=abc') == (
       'error: --config.num_train_steps=abc is not a valid int: config.num_train_steps holds 2000.')
+  # A model option the config lists is left to config_flags, which names the value it holds.
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}',
+                '--config.model.dropout_rate=abc') == (
+      'error: --config.model.dropout_rate=abc is not a valid float: config.model.dropout_rate '
+      'holds 0.2.')
 
 
 def test_a_tuple_option_given_twice_is_refused(tmp_path):
@@ -139,6 +153,9 @@ def test_a_tuple_option_given_twice_is_refused(tmp_path):
                 '--config.model.features=(16, 10)') == (
       'error: --config.model.features is given 2 times ((32,10), (16, 10)), and the values of a '
       'tuple option given more than once are joined into one tuple; give it once.')
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--config.model.features=(32,10)',
+                '--config.model.features=16').startswith(
+      'error: --config.model.features is given 2 times ((32,10), 16), ')
   assert os.listdir(tmp_path) == []
 
 
@@ -154,6 +171,15 @@ def test_misspelt_flag_and_stray_argument(tmp_path):
       'error: Unknown flag --wrkdir; did you mean --workdir? (see --help).')
   assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', 'extra').startswith(
       "error: Unexpected arguments 'extra': ")
+  # After '--' every argument is positional, a --help there included.
+  assert _error(f'--config={_DIGITS}', f'--workdir={tmp_path}', '--', '--help').startswith(
+      "error: Unexpected arguments '--help': ")
+
+
+def test_a_bad_flag_before_the_config_is_named_not_taken_for_a_missing_config(tmp_path):
+  # absl stops at the first bad value, before --config is read.
+  assert _error('--num_processes=abc', f'--config={_DIGITS}', f'--workdir={tmp_path}').startswith(
+      'error: --num_processes=abc: ')
 
 
 def test_manual_distribution_without_coordinator(tmp_path):
@@ -185,6 +211,12 @@ def test_help_exits_0_and_lists_configs_models_and_tasks():
   assert f'Tasks (--config.task.name): {", ".join(sorted(tasks.TASKS))}\n' in text
   for flag in ('--config', '--workdir', '--distributed', '--coordinator_address'):
     assert f'  {flag}: ' in text
+  # --helpfull adds the flags of every module (absl's own among them) to the same lists.
+  full = _main('--helpfull')
+  assert full.returncode == 0, full.stderr[-2000:]
+  assert ',--verbosity: ' in full.stdout and ',--verbosity: ' not in text
+  assert 'Every flag: --helpfull.' in text and 'Every flag:' not in full.stdout
+  assert f'Tasks (--config.task.name): {", ".join(sorted(tasks.TASKS))}\n' in full.stdout
 
 
 def _free_port():
@@ -262,3 +294,91 @@ def test_deeply_nested_tokenizer_file(tmp_path):
                   'deeper than any tokenizer file.')
   assert (workdir / 'tokenizer.json').read_text() == '[' * 100_000  # left as it was
   assert not (workdir / 'checkpoints').exists()
+
+
+# Runs experiments/main.py with train.distributed and train.loop replaced by fakes that write
+# what main passed them to $CALLS, and that end as $OUTCOME says: nothing is trained or joined.
+_FAKE_TRAIN = r'''
+import json, os, runpy, sys, types
+import train
+
+def record(*call):
+  with open(os.environ['CALLS'], 'a', encoding='utf-8') as f:
+    f.write(json.dumps(call) + '\n')
+
+outcome = os.environ.get('OUTCOME', '')
+distributed = types.ModuleType('train.distributed')
+distributed.initialize = lambda *args, **kwargs: record('initialize', args, kwargs)
+loop = types.ModuleType('train.loop')
+
+class Stopped(Exception):
+  def __init__(self, message, exit_code=1):
+    super().__init__(message)
+    self.exit_code = exit_code
+
+class Run:
+  def train(self):
+    if outcome == 'stopped':
+      raise Stopped('stopped by a signal', exit_code=3)
+    if outcome == 'write_failed':
+      raise ValueError('the checkpoint write failed')
+    return {'loss': 0.5, 'accuracy': 0.25}
+
+def setup(config, workdir, **kwargs):
+  record('setup', [config.seed, config.model.name, config.model.features], workdir, kwargs)
+  if outcome == 'interrupted':
+    raise KeyboardInterrupt
+  if outcome == 'missing':
+    raise FileNotFoundError('no data set files in /nowhere.')
+  return Run()
+
+loop.Stopped, loop.setup = Stopped, setup
+for name, module in (('distributed', distributed), ('loop', loop)):
+  sys.modules[f'train.{name}'] = module
+  setattr(train, name, module)
+runpy.run_module('experiments.main', run_name='__main__')
+'''
+
+
+def _faked_main(tmp_path, *args, outcome='', env=None):
+  """(exit status, stdout, stderr, the calls of train.distributed and train.loop)."""
+  calls = tmp_path / 'calls.jsonl'
+  result = subprocess.run([sys.executable, '-c', _FAKE_TRAIN, *args], capture_output=True,
+                          text=True, cwd=REPO_ROOT, timeout=60,
+                          env={**os.environ, 'PYTHONPATH': REPO_ROOT, 'JAX_PLATFORMS': 'cpu',
+                               'CALLS': str(calls), 'OUTCOME': outcome, **(env or {})})
+  lines = calls.read_text().splitlines() if calls.exists() else []
+  return result.returncode, result.stdout, result.stderr, [json.loads(line) for line in lines]
+
+
+def test_multi_process_flags_overrides_and_workdir_reach_start_up_and_setup(tmp_path):
+  code, out, err, calls = _faked_main(
+      tmp_path, f'--config={_DIGITS}', f'--workdir={tmp_path / "w"}', '--distributed=manual',
+      '--coordinator_address=10.0.0.7:1234', '--num_processes=4', '--process_id=3',
+      '--config.seed=11', '--config.model.features=(8, 10)', '--allow_config_change')
+  assert code == 0, err[-2000:]
+  assert calls == [
+      ['initialize', ['10.0.0.7:1234', 4, 3], {'mode': 'manual'}],
+      ['setup', [11, 'mlp', [8, 10]], str(tmp_path / 'w'), {'allow_config_change': True}]]
+  assert out.splitlines()[-1] == 'final eval: accuracy=0.2500 loss=0.5000'
+
+
+def test_the_coordinator_defaults_to_its_variable_and_config_change_to_refused(tmp_path):
+  code, _, err, calls = _faked_main(tmp_path, f'--config={_DIGITS}', f'--workdir={tmp_path}',
+                                    env={'JAX_COORDINATOR_ADDRESS': '10.0.0.9:99'})
+  assert code == 0, err[-2000:]
+  assert calls == [['initialize', ['10.0.0.9:99', None, None], {'mode': 'auto'}],
+                   ['setup', [0, 'mlp', [256, 256, 10]], str(tmp_path),
+                    {'allow_config_change': False}]]  # digits_mlp.py as it is
+
+
+@pytest.mark.parametrize('outcome, code, stderr', [
+    ('interrupted', 130, 'interrupted before training started; nothing was written\n'),
+    ('missing', 1, 'error: no data set files in /nowhere.\n'),
+    ('stopped', 3, 'stopped by a signal\n'),
+    ('write_failed', 1, 'error: the checkpoint write failed\n')])
+def test_exit_status_and_one_line_of_each_way_a_run_ends_early(tmp_path, outcome, code, stderr):
+  status, out, err, _ = _faked_main(tmp_path, f'--config={_DIGITS}', f'--workdir={tmp_path}',
+                                    outcome=outcome)
+  assert (status, err) == (code, stderr)
+  assert 'final eval' not in out
