@@ -1,6 +1,7 @@
 """The work-directory lock: one holder at a time, across processes, freed by the kernel
 when its holder dies."""
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -141,13 +142,24 @@ def test_a_lock_dropped_without_release_frees_the_directory(tmp_path):
   workdir_lib.acquire(tmp_path / 'w').release()
 
 
-def test_a_holder_that_wrote_no_record_is_named_vaguely_after_a_short_wait(tmp_path):
-  workdir = tmp_path / 'w'
+@contextlib.contextmanager
+def _held_by_another(workdir, record: bytes):
+  """`workdir`'s lock held through a descriptor of this process, as another run holds it, with
+  `record` written in its file; yields the descriptor."""
   workdir.mkdir()
   fd = os.open(workdir / workdir_lib.LOCK_FILE, os.O_RDWR | os.O_CREAT)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.write(fd, b'{"pid": ')  # a holder that has not finished writing its record
+    os.write(fd, record)
+    yield fd
+  finally:
+    os.close(fd)
+
+
+def test_a_holder_that_wrote_no_record_is_named_vaguely_after_a_short_wait(tmp_path):
+  workdir = tmp_path / 'w'
+  # A holder that has not finished writing its record.
+  with _held_by_another(workdir, b'{"pid": '):
     outcome = []
     def refused():
       try:
@@ -162,8 +174,6 @@ def test_a_holder_that_wrote_no_record_is_named_vaguely_after_a_short_wait(tmp_p
     assert 0.4 < time.monotonic() - start < 5
     assert outcome == [f'The work directory {str(workdir)!r} is in use by another process; wait '
                        'for that run to finish, stop it, or choose another --workdir.']
-  finally:
-    os.close(fd)
 
 
 def test_a_stale_longer_record_is_replaced_whole(tmp_path):
@@ -193,33 +203,22 @@ def test_a_refused_acquire_leaves_no_descriptor_open(tmp_path):
 def test_the_holder_is_named_from_its_record(tmp_path, monkeypatch, record, named):
   monkeypatch.setattr(workdir_lib, '_HOLDER_WAIT_S', 0.05)
   workdir = tmp_path / 'w'
-  workdir.mkdir()
-  fd = os.open(workdir / workdir_lib.LOCK_FILE, os.O_RDWR | os.O_CREAT)
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.write(fd, record.encode())
+  with _held_by_another(workdir, record.encode()):
     with pytest.raises(ValueError) as info:
       workdir_lib.acquire(workdir)
     assert str(info.value) == (f'The work directory {str(workdir)!r} is in use by {named}; wait '
                                'for that run to finish, stop it, or choose another --workdir.')
-  finally:
-    os.close(fd)
 
 
 def test_a_holder_that_finishes_its_record_while_refused_is_named(tmp_path):
   workdir = tmp_path / 'w'
-  workdir.mkdir()
-  fd = os.open(workdir / workdir_lib.LOCK_FILE, os.O_RDWR | os.O_CREAT)
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.write(fd, b'{"pid": ')  # the rest follows within the refused run's wait
+  # The rest of the record follows within the refused run's wait.
+  with _held_by_another(workdir, b'{"pid": ') as fd:
     finish = threading.Timer(0.1, lambda: os.pwrite(fd, b'{"pid": 7, "host": "node-7"}\n', 0))
     finish.start()
     with pytest.raises(ValueError, match='is in use by process 7 on node-7; '):
       workdir_lib.acquire(workdir)
     finish.join()
-  finally:
-    os.close(fd)
 
 
 def test_a_lock_the_kernel_refuses_is_one_sentence_and_leaves_no_descriptor_open(tmp_path,
