@@ -17,6 +17,8 @@ import pytest
 from experiments import generative_metrics
 from experiments.configs import digits_mlp
 from models.generative import frechet
+from models.generative import likelihood
+from models.generative import sde
 from models.vision import resnet
 from tests.experiments import fake_runs
 from tests.experiments.test_plot_vae import _config as vae_config
@@ -71,7 +73,6 @@ def test_ode_bits_per_dim_is_the_gaussian_density_of_the_dequantised_pixels():
 def test_ode_bits_per_dim_draws_new_dequantisation_and_probe_keys_in_every_batch(monkeypatch):
   # The keys each batch's dequantisation and probe are drawn with, recorded from inside the jit:
   # one key for every batch would give every batch the same noise.
-  from models.generative import likelihood, sde  # pylint: disable=g-import-not-at-top
   keys = {'dequantize': [], 'probe': []}
   record = lambda name, key: jax.debug.callback(lambda k: keys[name].append(np.asarray(k)), key)
   real_dequantize = likelihood.dequantize
@@ -146,7 +147,6 @@ def test_samples_become_the_nearest_pixels():
 
 
 def test_the_time_grids_are_the_solvers():
-  from models.generative import sde  # pylint: disable=g-import-not-at-top
   assert generative_metrics.TIME_GRIDS == sde.TIME_GRIDS
 
 
