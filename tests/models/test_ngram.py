@@ -191,6 +191,17 @@ def test_sampling_from_a_prompt_shorter_than_the_context_reads_it_as_the_latest_
       assert ''.join(VOCAB[i] for i in drawn) == expected, (prompt, seed)
 
 
+def test_sampling_at_order_3_reads_the_last_two_ids_of_the_prompt():
+  # In "aabb" repeated, the id after "a" is "a" or "b", but the one after two ids is fixed:
+  # "aa" → "b", "ab" → "b", "bb" → "a", "ba" → "a". Read from the last prompt id alone, the
+  # first draw after "ba" or "aa" would not be certain.
+  lm = ngram.NGramModel(ids('aabb' * 20), vocab_size=5, order=3, smoothing='add_k', add_k=0.0)
+  for prompt, expected in [('ba', 'abbaab'), ('aa', 'bbaabb'), ('cab', 'baabba')]:
+    for seed in range(5):
+      drawn = lm.sample(ids(prompt), 6, np.random.default_rng(seed))
+      assert ''.join(VOCAB[i] for i in drawn) == expected, (prompt, seed)
+
+
 @pytest.mark.parametrize('length', [-1, 2.0, True])
 def test_sampling_refuses_a_length_that_is_not_a_count(length):
   # -1 used to return no ids without a word, 2.0 to fail inside range().

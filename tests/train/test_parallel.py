@@ -2,7 +2,8 @@
 a classifier with batch norm (also over 2 micro-batches, against 1 device's 2), a ResNet
 (per-channel batch norm of convolutions, synchronised across devices), and a token-weighted
 language-model loss whose padding differs from device to device (the global token average, not
-a mean of per-device means)."""
+a mean of per-device means), and a state collection other than batch norm's (averaged over the
+devices, as the 1-device run keeps it)."""
 
 import flax.linen as nn
 import jax
@@ -15,7 +16,7 @@ from tests.subprocess_util import run_python
 from train import parallel
 
 _TRAIN_10_STEPS = '''
-import functools, json
+import dataclasses, functools, json
 import flax.linen as nn
 import jax, jax.numpy as jnp, numpy as np, ml_collections
 from data import tokenizers
@@ -25,8 +26,15 @@ from train import optim, parallel, step, tasks
 from train.state import init_train_state
 
 class TokenModel(nn.Module):
+  # With `moments`, a state collection other than batch norm's: a running mean of the ids.
+  moments: bool = False
+
   @nn.compact
   def __call__(self, tokens_BxT, *, train=False):
+    if self.moments:
+      mean = self.variable('moments', 'mean', lambda: jnp.zeros(()))
+      if self.is_mutable_collection('moments'):
+        mean.value = 0.5 * mean.value + 0.5 * jnp.mean(tokens_BxT.astype(jnp.float32))
     return nn.Dense(7)(jnp.tanh(nn.Embed(7, 16)(tokens_BxT)))
 
 def classification_batches(rng):
@@ -62,10 +70,14 @@ def run(kind, mode, num_devices, grad_accum_steps=1):
     task = tasks.build('classification', {'num_classes': 10})
     batches = image_batches(np.random.default_rng(0))
   else:
-    model = TokenModel()
+    model = TokenModel(moments=kind == 'token_moments')
     meta = {'tokenizer': tokenizers.CharTokenizer(list('abcdefg')),
             'token_units': np.ones(7, np.float32), 'unit': 'char'}
     task = tasks.build('language_model', meta, sample_length=0)
+    if kind == 'token_moments':  # a task that keeps the model's 'moments' in the train state
+      class MomentsTask(type(task)):
+        state_collections = ('moments',)
+      task = MomentsTask(**{f.name: getattr(task, f.name) for f in dataclasses.fields(task)})
     batches = lm_batches(np.random.default_rng(0))
   opt = ml_collections.ConfigDict(dict(name='adam', learning_rate=1e-2, grad_clip_norm=1.0,
                                        schedule='warmup_cosine', warmup_steps=3))
@@ -93,10 +105,12 @@ def run(kind, mode, num_devices, grad_accum_steps=1):
 
 out = {'devices': jax.device_count()}
 references = {}
-for kind in ('classification', 'resnet', 'resnet_unsynced', 'token_weighted'):
+for kind in ('classification', 'resnet', 'resnet_unsynced', 'token_weighted', 'token_moments'):
   runs = [(mode, mode, 1) for mode in ('jit', 'fsdp', 'shard_map', 'pmap')]
   if kind == 'resnet_unsynced':
     runs = [('shard_map', 'shard_map', 1)]
+  if kind == 'token_moments':
+    runs = [(mode, mode, 1) for mode in ('shard_map', 'pmap')]
   if kind == 'token_weighted':  # without batch norm, 2 micro-batches are the whole batch
     runs.append(('shard_map_accumulate_2', 'shard_map', 2))
   if kind == 'classification':  # batch norm over each micro-batch: against 1 device's 2
@@ -113,6 +127,9 @@ for kind in ('classification', 'resnet', 'resnet_unsynced', 'token_weighted'):
         'max_state_diff': max(jax.tree.leaves(diffs)),
         'max_loss_diff': max(abs(a - b) for a, b in zip(losses, ref_losses)),
         'step': int(state.step), 'param_specs': specs, 'loss_decreased': losses[-1] < losses[0]}
+    if kind == 'token_moments':
+      out[f'{kind}/{name}']['means'] = [float(s.model_state['moments']['mean'])
+                                        for s in (state, reference)]
 print(json.dumps(out))
 '''
 
@@ -138,6 +155,17 @@ def test_mode_matches_single_device(results, kind, mode):
   # Params, optimiser state and running batch statistics after 10 steps.
   assert r['max_state_diff'] < 2e-5, r
   assert r['max_loss_diff'] < 2e-5, r
+
+
+@pytest.mark.parametrize('mode', ['shard_map', 'pmap'])
+def test_a_state_collection_other_than_batch_norm_is_averaged_over_the_devices(results, mode):
+  # Each device's running mean of its own 8 rows, averaged over the 8 equal shards, is the
+  # running mean of the whole batch: the 1-device run's, not any one device's.
+  r = results[f'token_moments/{mode}']
+  mean, reference_mean = r['means']
+  assert reference_mean > 0
+  assert mean == pytest.approx(reference_mean, abs=1e-6)
+  assert r['max_state_diff'] < 2e-5, r
 
 
 def test_resnet_batch_norm_unsynchronised_across_devices_differs(results):
