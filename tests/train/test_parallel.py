@@ -3,7 +3,7 @@ a classifier with batch norm (also over 2 micro-batches, against 1 device's 2), 
 (per-channel batch norm of convolutions, synchronised across devices), and a token-weighted
 language-model loss whose padding differs from device to device (the global token average, not
 a mean of per-device means), and a state collection other than batch norm's (averaged over the
-devices, as the 1-device run keeps it)."""
+devices, as the 1-device run keeps it), with a stop request that one device's example carries."""
 
 import flax.linen as nn
 import jax
@@ -94,14 +94,19 @@ def run(kind, mode, num_devices, grad_accum_steps=1):
   train_step = par.compile_train_step(functools.partial(
       step.train_step, model=model, task=task, tx=tx, learning_rate_fn=lr,
       grad_accum_steps=grad_accum_steps), abstract)
-  losses = []
-  for batch in batches:
+  losses, stops = [], []
+  for i, batch in enumerate(batches):
+    if kind == 'token_moments':  # on odd steps the last example (the last device's) asks to stop
+      batch = {**batch, 'stop_requested': np.zeros(64, np.int32)}
+      batch['stop_requested'][63] = i % 2
     state, metrics = train_step(state, par.shard_batch(batch))
     total, weight = metrics['totals']['loss']
     losses.append(float(total) / float(weight))
+    if 'stop_requested' in metrics:
+      stops.append(np.asarray(metrics['stop_requested']).ravel().tolist())
   canonical = par.to_canonical(state)
   shardings = {str(l.sharding.spec) for l in jax.tree.leaves(canonical.params)}
-  return jax.device_get(canonical), losses, sorted(shardings)
+  return jax.device_get(canonical), losses, sorted(shardings), stops
 
 out = {'devices': jax.device_count()}
 references = {}
@@ -120,7 +125,7 @@ for kind in ('classification', 'resnet', 'resnet_unsynced', 'token_weighted', 't
     if (kind, reference_accumulate) not in references:
       references[kind, reference_accumulate] = run(kind, 'jit', 1, reference_accumulate)[:2]
     reference, ref_losses = references[kind, reference_accumulate]
-    state, losses, specs = run(kind, mode, 8, accumulate)
+    state, losses, specs, stops = run(kind, mode, 8, accumulate)
     diffs = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a, np.float64) - b))),
                          state, reference)
     out[f'{kind}/{name}'] = {
@@ -130,6 +135,7 @@ for kind in ('classification', 'resnet', 'resnet_unsynced', 'token_weighted', 't
     if kind == 'token_moments':
       out[f'{kind}/{name}']['means'] = [float(s.model_state['moments']['mean'])
                                         for s in (state, reference)]
+      out[f'{kind}/{name}']['stops'] = stops
 print(json.dumps(out))
 '''
 
@@ -166,6 +172,14 @@ def test_a_state_collection_other_than_batch_norm_is_averaged_over_the_devices(r
   assert reference_mean > 0
   assert mean == pytest.approx(reference_mean, abs=1e-6)
   assert r['max_state_diff'] < 2e-5, r
+
+
+@pytest.mark.parametrize('mode', ['shard_map', 'pmap'])
+def test_a_stop_request_on_one_device_is_the_step_s_on_every_device(results, mode):
+  # The request comes with the last device's last example on odd steps only; every device
+  # reports it (pmap one value per device), not only the device that holds it.
+  stops = results[f'token_moments/{mode}']['stops']
+  assert [set(values) for values in stops] == [{0}, {1}] * 5
 
 
 def test_resnet_batch_norm_unsynchronised_across_devices_differs(results):
