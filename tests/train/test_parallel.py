@@ -1,6 +1,6 @@
 """Every parallel mode on 8 simulated devices equals a 1-device run with the same global batch:
 a classifier with batch norm (also over 2 micro-batches, against 1 device's 2), a ResNet
-(per-channel batch norm of convolutions, synchronised across devices), and a token-weighted
+(per-channel batch norm of convolutions, synchronised across devices), a token-weighted
 language-model loss whose padding differs from device to device (the global token average, not
 a mean of per-device means), and a state collection other than batch norm's (averaged over the
 devices, as the 1-device run keeps it), with a stop request that one device's example carries."""
