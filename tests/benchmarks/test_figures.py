@@ -163,9 +163,14 @@ def test_matmul_peak_is_the_best_rate_of_2_n_cubed_flops_over_the_sizes():
       from benchmarks import train_step
       ticks = iter(np.cumsum([0, 2e-6, 0, 1e-6, 0, 4e-6, 0, 8e-6]))
       train_step.time = types.SimpleNamespace(perf_counter=lambda: float(next(ticks)))
-      print(json.dumps(train_step.matmul_peak_flops(sizes=(8, 16), repeats=2)))
+      peaks = [train_step.matmul_peak_flops(sizes=(8, 16), repeats=2)]
+      # The same times with the sizes the other way round: the best is the first size's.
+      ticks = iter(np.cumsum([0, 4e-6, 0, 8e-6, 0, 2e-6, 0, 1e-6]))
+      peaks.append(train_step.matmul_peak_flops(sizes=(16, 8), repeats=2))
+      print(json.dumps(peaks))
       ''')
-  assert result[0] == pytest.approx(2 * 16**3 / 4e-6) and result[1] == 16
+  for peak, n in result:
+    assert peak == pytest.approx(2 * 16**3 / 4e-6) and n == 16
 
 
 def test_loops_counted_once_are_a_models_scan_and_more_than_one_micro_batch():
@@ -206,24 +211,31 @@ def test_loop_free_flops_are_counted_once_per_config_with_no_scan_left_and_one_m
       results = [train_step.loop_free_step_flops(first),
                  train_step.loop_free_step_flops(config(16, 2, 32)),  # the same arithmetic
                  train_step.loop_free_step_flops(config(1, 4, 64))]
+      longer = config(1, 4, 32)
+      longer.data.window = 8192  # the same model on other data: other FLOPs
+      results.append(train_step.loop_free_step_flops(longer))
       print(json.dumps({'results': results, 'counted': counted, 'first': first.to_dict()}))
       ''')
-  assert result['results'] == [[1e9, 0], [1e9, 0], [2e9, 0]]
-  assert [c['model']['features'] for c in result['counted']] == [32, 64]
+  assert result['results'] == [[1e9, 0], [1e9, 0], [2e9, 0], [3e9, 0]]
+  assert [c['model']['features'] for c in result['counted']] == [32, 64, 32]
+  assert [c['data']['window'] for c in result['counted']] == [4096, 4096, 8192]
   for c in result['counted']:
     assert c['model']['unroll'] >= c['data']['window'] and c['grad_accum_steps'] == 1
   assert result['first']['model']['unroll'] == 1 and result['first']['grad_accum_steps'] == 4
 
 
 def test_train_step_prints_each_settings_figures_and_the_step_time_ratios():
-  # Two dtypes measured on made-up times: float32's step 0.25 s, bfloat16's 0.125 s (with two
-  # loops left in it and its products not timed), each of 5e10 FLOPs on a 4e11 FLOP/s peak.
+  # Two dtypes measured on made-up times: float32's step 0.25 s, bfloat16's 0.125 s (with one
+  # loop left in it and its products not timed), each of 5e10 FLOPs on a 4e11 FLOP/s peak; a
+  # batch of 64 windows of 16 tokens, in 2 micro-batches.
   result = run_python('''
       import contextlib, io, json, types
       from absl import flags
       from benchmarks import train_step
       flags.FLAGS(['train_step.py', '--config=experiments/configs/digits_mlp.py',
                    '--dtypes=float32,bfloat16'])
+      train_step._CONFIG.value.data.window = 16
+      train_step._CONFIG.value.grad_accum_steps = 2
       train_step._check_settings = lambda config, settings: None
       train_step.matmul_peak_flops = lambda: (4e11, 2048)
       products = [types.SimpleNamespace(flops=1e9)] * 3
@@ -232,7 +244,7 @@ def test_train_step_prints_each_settings_figures_and_the_step_time_ratios():
           return {'step_seconds': 0.25, 'flops': 5e10, 'loops_left': 0, 'batch_seconds': 0.01,
                   'mode': 'jit', 'devices': 1, 'products': products, 'products_seconds': 0.1,
                   'by_kind': []}
-        return {'step_seconds': 0.125, 'flops': 5e10, 'loops_left': 2, 'batch_seconds': 0.01,
+        return {'step_seconds': 0.125, 'flops': 5e10, 'loops_left': 1, 'batch_seconds': 0.01,
                 'mode': 'jit', 'devices': 1, 'products': [], 'products_seconds': None,
                 'by_kind': []}
       train_step.measure_step = measure_step
@@ -244,16 +256,16 @@ def test_train_step_prints_each_settings_figures_and_the_step_time_ratios():
   assert result[1:] == [
       'matmul peak (float32, 2048x2048): 400.00 GFLOP/s',
       'config: digits / mlp (float32), mode=jit, devices=1, global batch 64',
-      '  train step: 4.00 steps/s, 256 examples/s',
-      '  step FLOPs (XLA cost analysis): 5e+10',
+      '  train step: 4.00 steps/s, 256 examples/s, 4096 tokens/s',
+      '  step FLOPs (XLA cost analysis, micro-batches as one batch): 5e+10',
       '  achieved: 200.000 GFLOP/s = 50.00% of the float32 matmul peak',
-      '  its 3 matrix products alone: 3e+09 FLOP (6.0% of the step\'s) in 100.0 ms, '
-      '30.000 GFLOP/s = 7.50% of the matmul peak',
+      '  its 3 matrix products alone (a loop body\'s once): 3e+09 FLOP (6.0% of the step\'s) in '
+      '100.0 ms, 30.000 GFLOP/s = 7.50% of the matmul peak',
       '  input pipeline: 6400 examples/s (25.0x the train step)',
       'config: digits / mlp (bfloat16), mode=jit, devices=1, global batch 64',
-      '  train step: 8.00 steps/s, 512 examples/s',
-      '  step FLOPs (XLA cost analysis): 5e+10',
-      '  (the step holds 2 more loop(s) over floating-point values, such as a block-sparse '
+      '  train step: 8.00 steps/s, 512 examples/s, 8192 tokens/s',
+      '  step FLOPs (XLA cost analysis, micro-batches as one batch): 5e+10',
+      '  (the step holds 1 more loop(s) over floating-point values, such as a block-sparse '
       'attention\'s, whose bodies XLA counts once: these FLOPs and the fraction below are '
       'lower bounds)',
       '  achieved: 400.000 GFLOP/s = 100.00% of the float32 matmul peak',
@@ -354,7 +366,12 @@ def test_attention_compiled_memory_is_temporaries_arguments_and_outputs_and_boun
       fits = attention_scaling.compile_setting('exact', 16, False)[0] is not None
       flags.FLAGS.max_gb = (total - 1) / 2 ** 30
       over = attention_scaling.compile_setting('exact', 16, False)[0] is None
+      # Causal: the first query sees the first key alone, its weight 1 whatever q is, so the
+      # gradient with respect to that query is 0; without the mask it is not.
+      causal_fn, causal_args = attention_scaling.attention_fn('exact', 16, True)
+      first_query = [float(abs(g[0][:, 0]).max()) for g in (causal_fn(*causal_args)[1], grads)]
       print(json.dumps({'total': total, 'shapes': [list(g.shape) for g in grads],
+                        'first_query': first_query,
                         'arguments': memory.argument_size_in_bytes,
                         'outputs': memory.output_size_in_bytes,
                         'temporaries': memory.temp_size_in_bytes, 'fits': fits, 'over': over}))
@@ -365,6 +382,7 @@ def test_attention_compiled_memory_is_temporaries_arguments_and_outputs_and_boun
   assert result['temporaries'] > 0
   assert result['total'] == result['arguments'] + result['outputs'] + result['temporaries']
   assert result['fits'] and result['over']
+  assert result['first_query'][0] < 1e-6 < 1e-3 < result['first_query'][1]
 
 
 def test_train_step_measures_the_configs_own_dtype_without_dtypes():
@@ -375,9 +393,14 @@ def test_train_step_measures_the_configs_own_dtype_without_dtypes():
       flags.FLAGS(['train_step.py', '--config=experiments/configs/digits_mlp.py'])
       config = train_step._CONFIG.value
       config.model.dtype = 'bfloat16'
-      print(json.dumps(train_step._settings(config)))
+      settings = [train_step._settings(config)]
+      with config.unlocked():
+        del config.model['dtype']  # a model that leaves its dtype at the default, float32
+      settings.append(train_step._settings(config))
+      print(json.dumps(settings))
       ''')
-  assert result == [['bfloat16', 'model.dtype', 'bfloat16']]
+  assert result == [[['bfloat16', 'model.dtype', 'bfloat16']],
+                    [['float32', 'model.dtype', 'float32']]]
 
 
 def test_tokenizer_reports_a_decoding_that_differs_from_the_text(tmp_path):
@@ -398,3 +421,43 @@ def test_tokenizer_reports_a_decoding_that_differs_from_the_text(tmp_path):
       print(json.dumps(printed.getvalue().splitlines()))
       ''')
   assert result[-1].endswith('round trip exact: False')
+
+
+def test_generation_raises_the_models_max_length_to_the_longest_length_and_prints_the_rates():
+  # A made-up run and made-up rates: the model is built with a max_length that holds every
+  # length (the config's 128 when the lengths are shorter), and each length's rates printed.
+  result = run_python('''
+      import contextlib, io, json, types
+      from absl import flags
+      from benchmarks import generation
+      flags.FLAGS(['generation.py', '--config=experiments/configs/shakespeare_char_gpt.py',
+                   '--lengths=64,100', '--batch=2', '--repeats=4'])
+      class Model:
+        def __call__(self, tokens, decode=False):
+          pass
+      built, rated = [], []
+      def setup(config, workdir):
+        built.append(config.model.max_length)
+        state = types.SimpleNamespace(params={'w': 1}, model_state={'stats': 2})
+        return types.SimpleNamespace(
+            model=Model(), init_fn=None, rng=None, lock=types.SimpleNamespace(release=lambda: None),
+            parallel=types.SimpleNamespace(init_state=lambda init_fn, rng: state))
+      generation.runs = types.SimpleNamespace(setup=setup)
+      def rates(model, variables, length, batch, repeats):
+        rated.append([sorted(variables), length, batch, repeats])
+        return 10.0 * length, 40.0 * length, 4.0
+      generation.rates = rates
+      printed = io.StringIO()
+      with contextlib.redirect_stdout(printed):
+        generation.main([])
+        flags.FLAGS.lengths = ['64', '300']
+        generation.main([])
+      print(json.dumps({'built': built, 'rated': rated,
+                        'printed': printed.getvalue().splitlines()}))
+      ''')
+  assert result['built'] == [128, 300]
+  assert result['rated'] == [[['params', 'stats'], n, 2, 4] for n in (64, 100, 64, 300)]
+  assert result['printed'][:4] == ['gpt: batch 2, new tokens per second',
+                                   '  length     no cache        cache  speed-up',
+                                   '      64        640.0       2560.0      4.0x',
+                                   '     100       1000.0       4000.0      4.0x']

@@ -247,3 +247,49 @@ def test_the_alone_program_takes_operands_of_each_hlo_element_type():
     program, ((lhs, rhs),) = hlo_dots.alone_program(listed, jax.random.PRNGKey(0))
     (out,) = program([(lhs, rhs)])
     assert lhs.dtype == rhs.dtype == out.dtype == dtype, hlo_type
+
+
+# bf16 operands into an f32 result, as `preferred_element_type=jnp.float32` compiles.
+_BF16_INTO_F32 = '''HloModule m
+
+ENTRY %main (a: bf16[4,3], b: bf16[2,3]) -> f32[4,2] {
+  %a = bf16[4,3]{1,0} parameter(0)
+  %b = bf16[2,3]{1,0} parameter(1)
+  ROOT %dot.1 = f32[4,2]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+}
+'''
+
+
+def test_a_product_keeps_its_operands_type_and_its_results_apart():
+  (product,) = hlo_dots.products(_BF16_INTO_F32)
+  assert (product.dtype, product.out_dtype) == ('bf16', 'f32')
+  assert product == hlo_dots.Product((4, 3), (2, 3), (((1,), (1,)), ((), ())), 'bf16', 'f32',
+                                     2 * 4 * 2 * 3)
+  # Alone, it is timed on bf16 operands into an f32 result, as the step computes it.
+  program, ((lhs, rhs),) = hlo_dots.alone_program([product], jax.random.PRNGKey(0))
+  (out,) = program([(lhs, rhs)])
+  assert (lhs.dtype, rhs.dtype, out.dtype) == (jnp.bfloat16, jnp.bfloat16, jnp.float32)
+
+
+# A batched product whose right operand is stored with its batch dimension last.
+_RHS_BATCH_LAST = '''HloModule m
+
+ENTRY %main (q: f32[2,4,3], k: f32[2,3,5]) -> f32[2,4,5] {
+  %q = f32[2,4,3]{2,1,0} parameter(0)
+  %k = f32[2,3,5]{0,2,1} parameter(1)
+  ROOT %dot.1 = f32[2,4,5]{2,1,0} dot(%q, %k), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+}
+'''
+
+
+def test_the_right_operands_dimensions_are_given_where_they_lie_in_its_own_memory():
+  # k is [2, 3, 5] stored with its dims ordered 1, 2, 0 from major to minor: in memory it is
+  # [3, 5, 2], contracted dimension first and batch dimension last.
+  (product,) = hlo_dots.products(_RHS_BATCH_LAST)
+  assert (product.lhs_shape, product.rhs_shape) == ((2, 4, 3), (3, 5, 2))
+  assert product.dimension_numbers == (((2,), (0,)), ((0,), (2,)))
+  assert product.flops == 2 * 2 * 4 * 5 * 3
+  rng = np.random.default_rng(0)
+  q, k = rng.normal(size=(2, 4, 3)), rng.normal(size=(2, 3, 5))
+  got = jax.lax.dot_general(q, k.transpose(1, 2, 0), product.dimension_numbers)
+  np.testing.assert_allclose(got, np.einsum('bth,bhs->bts', q, k), rtol=1e-5, atol=1e-6)

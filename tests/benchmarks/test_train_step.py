@@ -123,10 +123,14 @@ def test_products_by_kind_time_each_kind_once_and_total_them_by_count():
                                2 * 64 * 32 * 48)
       batched = hlo_dots.Product((4, 16, 8), (4, 8, 16), (((2,), (1,)), ((0,), (0,))), 'f32',
                                  'f32', 2 * 4 * 16 * 8 * 16)
+      # Square operands contracted over their first dimensions: [16, 16]ᵀ·[16, 16], which as
+      # one product is [16, 16]·[16, 16] of the same shapes but other dimension numbers.
+      transposed = hlo_dots.Product((16, 16), (16, 16), (((0,), (0,)), ((), ())), 'f32', 'f32',
+                                    2 * 16**3)
       timed = []
       alone = hlo_dots.products_alone_seconds
       hlo_dots.products_alone_seconds = lambda ps, repeats: timed.append(ps) or alone(ps, repeats=1)
-      by_kind = train_step.products_by_kind([plain, batched, plain, plain])
+      by_kind = train_step.products_by_kind([plain, batched, plain, plain, transposed])
       hlo_dots.products_alone_seconds = alone
       # The step's [2048, 256]·[256, 256] projections and the per-head scores, on a made-up
       # clock: 1 ms alone and 3 ms as one product, 2 ms and 4 ms.
@@ -138,7 +142,7 @@ def test_products_by_kind_time_each_kind_once_and_total_them_by_count():
       with contextlib.redirect_stdout(printed):
         train_step.print_by_kind([(projection, 3, 1e-3, 3e-3), (scores, 1, 2e-3, 4e-3)],
                                  peak=2e11)
-      print(json.dumps({'counts': [[list(p.lhs_shape), n] for p, n, _, _ in by_kind],
+      print(json.dumps({'counts': [[list(p.lhs_shape), n] for p, n, _, _ in by_kind][:2],
                         'positive': all(s > 0 and t > 0 for _, _, s, t in by_kind),
                         'plain_equal': [s == t for _, _, s, t in by_kind],
                         'timed': [[list(p.lhs_shape) for p in ps] for ps in timed],
@@ -147,8 +151,8 @@ def test_products_by_kind_time_each_kind_once_and_total_them_by_count():
   assert result['counts'] == [[[64, 32], 3], [[4, 16, 8], 1]] and result['positive']
   # Each kind alone, then as one [M, K]·[K, N] product: the batched one as [64, 8]·[8, 16];
   # the plain one already is one, so it is timed once and its two times are the same.
-  assert result['timed'] == [[[64, 32]], [[4, 16, 8]], [[64, 8]]]
-  assert result['plain_equal'] == [True, False]
+  assert result['timed'] == [[[64, 32]], [[4, 16, 8]], [[64, 8]], [[16, 16]], [[16, 16]]]
+  assert result['plain_equal'][:2] == [True, False]
   header, first, second, total = result['printed']
   assert first == ('      3 × [2048, 256] · [256, 256] (contracting [1]·[0], f32): 1.000 ms each, '
                    '268.4 GFLOP/s (134%); as [2048, 256] · [256, 256]: 89.5 GFLOP/s')
@@ -166,13 +170,14 @@ def test_a_sweep_of_a_placeholder_field_takes_the_type_it_declares():
       from absl import flags
       from benchmarks import train_step
       flags.FLAGS(['train_step.py', '--config=experiments/configs/digits_mlp.py',
-                   '--sweep=data.window:64,128'])
+                   '--sweep=data.window:64,128,256'])
       settings = train_step._settings(train_step._CONFIG.value)
       print(json.dumps([[label, field, value, type(value).__name__]
                         for label, field, value in settings]))
       ''')
   assert result == [['data.window=64', 'data.window', 64, 'int'],
-                    ['data.window=128', 'data.window', 128, 'int']]
+                    ['data.window=128', 'data.window', 128, 'int'],
+                    ['data.window=256', 'data.window', 256, 'int']]
 
 
 def test_step_flops_of_a_batch_norm_model_under_shard_map_and_pmap(data_dir, tmp_path):
@@ -203,3 +208,50 @@ def test_step_flops_of_a_batch_norm_model_under_shard_map_and_pmap(data_dir, tmp
       print(json.dumps(flops))
       ''', devices=2)
   assert result['shard_map'] == result['pmap'] == result['jit'] > 0, result
+
+
+def test_measure_step_divides_the_timed_steps_and_batches_by_their_counts(data_dir, tmp_path):
+  # A small MLP's step timed on a made-up clock: 3 steps in 6 s, then 4 input batches in 2 s.
+  result = run_python(f'''
+      import json, types
+      from absl import flags
+      from benchmarks import train_step
+      flags.FLAGS(['train_step.py', '--config=experiments/configs/digits_mlp.py',
+                   '--pipeline_batches=4', '--noproducts_alone'])
+      config = train_step._CONFIG.value
+      config.data.data_dir = {data_dir!r}
+      config.global_batch_size = 16
+      config.model.update({{'features': (16, 10), 'dropout_rate': 0.0}})
+      ticks = iter([0.0, 6.0, 10.0, 12.0])
+      train_step.time = types.SimpleNamespace(perf_counter=lambda: next(ticks))
+      counts = {{'steps': 0, 'batches': 0}}
+      setup = train_step.runs.setup
+      def counting_setup(config, workdir):  # counts the compiled step's calls and the batches
+        run = setup(config, workdir)
+        compile_step, iterator = run.parallel.compile_train_step, run.train_iterator
+        def compile_counting(*args):
+          step = compile_step(*args)
+          return lambda *a: counts.update(steps=counts['steps'] + 1) or step(*a)
+        def iterator_counting():
+          for batch in iterator():
+            counts['batches'] += 1
+            yield batch
+        run.parallel.compile_train_step, run.train_iterator = compile_counting, iterator_counting
+        return run
+      train_step.runs.setup = counting_setup
+      measured = train_step.measure_step(config, steps=3)
+      print(json.dumps({{'counts': counts, 'products': [p.flops for p in measured['products']],
+                        **{{k: measured[k] for k in ('step_seconds', 'batch_seconds', 'flops',
+                                                   'loops_left', 'products_seconds', 'by_kind',
+                                                   'mode', 'devices')}}}}))
+      ''')
+  assert result['step_seconds'] == 2 and result['batch_seconds'] == 0.5
+  # 3 warm-up and 3 timed steps; the batch stepped on, then the 4 timed ones.
+  assert result['counts'] == {'steps': 6, 'batches': 5}
+  # Batch 16 through 64 -> 16 -> 10: each layer's product forward and for its weights'
+  # gradient, and the second's for the hidden layer's gradient (none for the input's).
+  products = 2 * 16 * (2 * 64 * 16 + 3 * 16 * 10)
+  assert sum(result['products']) == products and len(result['products']) == 5
+  assert products < result['flops'] < 1.5 * products
+  assert (result['loops_left'], result['products_seconds'], result['by_kind']) == (0, None, [])
+  assert (result['mode'], result['devices']) == ('jit', 1)
