@@ -453,3 +453,20 @@ def test_the_passes_apply_the_model_with_train_false_by_default():
   stats, info = batch_stats.recompute_batch_stats(model, variables, _batches(x, 4))
   np.testing.assert_allclose(stats['BatchNorm_0']['var'], x.astype(np.float64).var(0), rtol=1e-5)
   assert info['passes'] == 1
+
+
+class _UseRunningAverageByPosition(nn.Module):
+  """Passes `use_running_average` positionally: the recorded input is the first argument."""
+
+  @nn.compact
+  def __call__(self, x, *, train=False):
+    return nn.BatchNorm()(x, not train)
+
+
+def test_the_statistics_are_of_the_first_positional_argument():
+  model = _UseRunningAverageByPosition()
+  x = np.random.default_rng(10).normal(size=(6, 2)).astype(np.float32) * [1.0, 3.0] + [0.5, -1.0]
+  variables = jax.tree.map(np.asarray, model.init(jax.random.key(0), x))
+  stats, _ = batch_stats.recompute_batch_stats(model, variables, _batches(x, 4))
+  np.testing.assert_allclose(stats['BatchNorm_0']['mean'], x.astype(np.float64).mean(0), rtol=1e-5)
+  np.testing.assert_allclose(stats['BatchNorm_0']['var'], x.astype(np.float64).var(0), rtol=1e-5)

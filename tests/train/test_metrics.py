@@ -207,3 +207,24 @@ def test_a_failed_metric_write_is_one_sentence_naming_the_work_directory(tmp_pat
                               'device); free space or fix permissions and rerun.')
   writer._jsonl = jsonl  # pylint: disable=protected-access
   writer.close()
+
+
+def test_array_and_numpy_values_are_recorded_as_plain_numbers(tmp_path):
+  """A train step's metrics arrive as device arrays and NumPy scalars: metrics.jsonl gets their
+  float values (json cannot encode the arrays themselves)."""
+  writer = MetricWriter(str(tmp_path), total_steps=10)
+  writer.write(1, 'train', {'loss': jax.numpy.float32(0.5), 'accuracy': np.float32(0.25),
+                            'count': np.array(3)})
+  writer.close()
+  rows = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert rows == [{'step': 1, 'split': 'train', 'loss': 0.5, 'accuracy': 0.25, 'count': 3.0}]
+
+
+def test_the_progress_bar_rounds_down_so_it_fills_only_at_the_last_step(tmp_path, capsys):
+  # 39/40 is 19.5 of 20 marks: 19 shown, the 20th at step 40.
+  writer = MetricWriter(str(tmp_path), total_steps=40)
+  writer.write(39, 'train', {'loss': 1.0})
+  writer.write(40, 'train', {'loss': 1.0})
+  writer.close()
+  bars = [line.split(']')[0] for line in capsys.readouterr().err.strip().splitlines()]
+  assert bars == ['[' + '#' * 19 + '.', '[' + '#' * 20]

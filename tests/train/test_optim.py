@@ -183,6 +183,10 @@ def test_momentum_is_heavy_ball_on_a_quadratic(mu):
     # Only warmup_cosine warms up: the others ignored it.
     (dict(schedule='cosine', warmup_steps=3),
      "warmup_steps=3 warms up only the 'warmup_cosine' schedule, not 'cosine'"),
+    (dict(schedule='step', warmup_steps=3),
+     "warmup_steps=3 warms up only the 'warmup_cosine' schedule, not 'step'"),
+    (dict(schedule='constant', warmup_steps=3),
+     "warmup_steps=3 warms up only the 'warmup_cosine' schedule, not 'constant'"),
     (dict(grad_clip_norm=-1.0), 'grad_clip_norm must be >= 0'),
     (dict(weight_decay=-1e-4), 'optimizer.weight_decay must be >= 0, got -0.0001'),
     (dict(momentum=-1.0), 'optimizer.momentum must be in [0, 1), got -1.0'),
@@ -347,3 +351,65 @@ def test_the_kernels_mask_reads_a_bare_array_or_top_level_leaves():
   mask = optim.decay_mask('kernels')
   assert mask(jnp.ones((2, 3))) is True and mask(jnp.ones(3)) is False
   assert mask({'bias': jnp.ones((2, 3)), 'w': jnp.ones((2, 3))}) == {'bias': False, 'w': True}
+
+
+def test_warmup_cosine_rises_from_zero_and_decays_to_its_floor():
+  """Linear warm-up from 0 to the peak over 10 steps, then the cosine from the peak down to
+  the floor final_lr_fraction · peak at the last step (here 0.25 · 0.1)."""
+  total, peak, warmup, floor = 100, 0.1, 10, 0.025
+  lr = optim.make_schedule(_config(schedule='warmup_cosine', warmup_steps=warmup,
+                                   final_lr_fraction=0.25), total)
+  for t in (0, 3, 10, 40, 77, 100):
+    if t <= warmup:
+      expected = peak * t / warmup
+    else:
+      cosine = 0.5 * (1 + math.cos(math.pi * (t - warmup) / (total - warmup)))
+      expected = floor + (peak - floor) * cosine
+    assert math.isclose(lr(t), expected, rel_tol=1e-5, abs_tol=1e-9), t
+
+
+def test_clipping_acts_on_the_gradient_before_the_learning_rate():
+  """‖g‖ = 5 clipped to 1, then scaled by η = 0.1: the step is −0.1 · g / 5 (clipping the
+  step −η g, of norm 0.5, would leave it unclipped)."""
+  grads = {'a': jnp.array([3.0, 0.0]), 'b': jnp.array([[4.0]])}
+  params = jax.tree.map(jnp.zeros_like, grads)
+  out = _run(_config(learning_rate=0.1, grad_clip_norm=1.0), [grads], params)
+  np.testing.assert_allclose(out['a'], [-0.06, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(out['b'], [[-0.08]], rtol=1e-6)
+
+
+def test_the_kernels_mask_spares_biases_norms_and_log_variances_at_any_depth():
+  params = {'Dense_0': {'kernel': jnp.ones((2, 3)), 'bias': jnp.ones(3)},
+            'attention': {'query': {'kernel': jnp.ones((4, 2, 2)), 'bias': jnp.ones((2, 2))}},
+            'Embed_0': {'embedding': jnp.ones((5, 3))},
+            'LayerNorm_0': {'scale': jnp.ones(3), 'bias': jnp.ones(3)},
+            'decoder_log_var': jnp.ones((4, 4, 1))}
+  assert optim.decay_mask('kernels')(params) == {
+      'Dense_0': {'kernel': True, 'bias': False},
+      'attention': {'query': {'kernel': True, 'bias': False}},
+      'Embed_0': {'embedding': True},
+      'LayerNorm_0': {'scale': False, 'bias': False},
+      'decoder_log_var': False}
+
+
+def test_adamw_with_the_kernels_mask_decays_the_kernel_only():
+  """First AdamW step from θ₀: −η (g / (|g| + ε) + λ θ₀) on the kernel, −η g / (|g| + ε) on the
+  bias."""
+  lr, decay = 0.01, 0.5
+  theta = {'kernel': jnp.full((2, 2), 2.0), 'bias': jnp.array([1.0, -3.0])}
+  g = {'kernel': jnp.array([[0.5, -1.0], [2.0, 0.1]]), 'bias': jnp.array([-0.2, 4.0])}
+  out = _run(_config(name='adamw', learning_rate=lr, weight_decay=decay,
+                     weight_decay_mask='kernels'), [g], theta)
+  for name, lam in (('kernel', decay), ('bias', 0.0)):
+    expected = theta[name] - lr * (g[name] / (jnp.abs(g[name]) + 1e-8) + lam * theta[name])
+    np.testing.assert_allclose(out[name], expected, rtol=1e-6, err_msg=name)
+
+
+def test_sgd_weight_decay_reaches_every_parameter_by_default():
+  """Without weight_decay_mask ('all'), one SGD step is θ₀ − η (g + λ θ₀) for biases too."""
+  theta = {'kernel': jnp.full((2, 2), 2.0), 'bias': jnp.array([1.0, -3.0])}
+  g = {'kernel': jnp.array([[0.5, -1.0], [2.0, 0.1]]), 'bias': jnp.array([-0.2, 4.0])}
+  out = _run(_config(name='sgd', learning_rate=0.1, weight_decay=0.5), [g], theta)
+  for name in ('kernel', 'bias'):
+    np.testing.assert_allclose(out[name], theta[name] - 0.1 * (g[name] + 0.5 * theta[name]),
+                               rtol=1e-6, err_msg=name)

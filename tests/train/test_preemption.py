@@ -147,6 +147,17 @@ def test_a_stop_request_off_the_main_thread_leaves_the_signals_alone():
   assert not errors and seen == [(before, False)]
   assert signal.getsignal(signal.SIGTERM) is before
 
+
+def test_an_exception_inside_propagates_and_the_handlers_are_restored():
+  # The loop stops by raising (loop.Stopped); leaving the context must not swallow it.
+  before = {number: signal.getsignal(number) for number in preemption.StopRequest.SIGNALS}
+  with pytest.raises(KeyError, match='inside'):
+    with preemption.StopRequest() as stop:
+      assert signal.getsignal(signal.SIGTERM) == stop._handle  # pylint: disable=protected-access
+      raise KeyError('inside')
+  assert all(signal.getsignal(number) is handler for number, handler in before.items())
+
+
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(tmp_path, data_dir):
   steps = 500  # the signal comes at step 200 or just after, well before the end
 

@@ -234,3 +234,23 @@ def test_bad_hyperparameters_given_as_numpy_scalars_are_rejected(call, message):
   # b1 = 1 and eps = 0 made every updated parameter NaN; the others stepped silently.
   with pytest.raises(ValueError, match=message):
     call({'a': jnp.ones(2)})
+
+
+def test_rates_of_zero_are_allowed_and_reduce_to_plain_steps():
+  """m = 0 and β = 0 (the closed left ends of [0, 1] and [0, 1)) are gradient descent; Adam with
+  β1 = β2 = 0 steps by −η g / (|g| + ε) every time."""
+  params = {'a': jnp.array([1.0, -2.0])}
+  grads = {'a': jnp.array([0.5, 3.0])}
+  descent = params['a'] - 0.1 * grads['a']
+  new, _ = scratch_optim.heavy_ball_step(params, grads, scratch_optim.momentum_init(params),
+                                         learning_rate=0.1, momentum=0.0)
+  np.testing.assert_allclose(new['a'], descent, rtol=1e-6)
+  new, _ = scratch_optim.ema_momentum_step(params, grads, scratch_optim.momentum_init(params),
+                                           learning_rate=0.1, beta=0.0)
+  np.testing.assert_allclose(new['a'], descent, rtol=1e-6)
+  state = scratch_optim.adam_init(params)
+  for step_grads in (grads, {'a': jnp.array([-2.0, 0.25])}):
+    new, state = scratch_optim.adam_step(params, step_grads, state, learning_rate=0.1, b1=0.0,
+                                         b2=0.0)
+    np.testing.assert_allclose(new['a'] - params['a'], -0.1 * np.sign(step_grads['a']), rtol=1e-6)
+    params = new

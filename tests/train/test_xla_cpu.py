@@ -33,6 +33,20 @@ def test_too_late_is_one_sentence(monkeypatch):
   assert os.environ['XLA_FLAGS'] == '--xla_force_host_platform_device_count=1'
 
 
+def test_after_the_backend_started_a_set_flag_or_another_environment_is_no_error(monkeypatch):
+  """Too late only matters for the process's own XLA_FLAGS without the flag: a launcher that
+  calls it twice, or a person's own YNN setting, returns False; an environment built for a
+  child process still gets the flag."""
+  jax.devices()
+  monkeypatch.setenv('XLA_FLAGS', xla_cpu.NO_YNN_CONVOLUTIONS)
+  assert not xla_cpu.keep_convolutions_off_ynnpack()
+  assert os.environ['XLA_FLAGS'] == xla_cpu.NO_YNN_CONVOLUTIONS
+  child = {'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  assert xla_cpu.keep_convolutions_off_ynnpack(child)
+  assert child['XLA_FLAGS'] == ('--xla_force_host_platform_device_count=2 '
+                                '--xla_cpu_experimental_ynn_fusion_type=-individual_convolution')
+
+
 _YNN_CONVOLUTIONS = """
 import json
 import jax, jax.numpy as jnp
