@@ -119,6 +119,16 @@ def test_a_bias_keeps_float32_precision_under_bfloat16_compute():
                              [1 - expected, expected], atol=1e-6)
 
 
+def test_attention_weights_of_bfloat16_inputs_score_in_float32():
+  # Logits q·k/√H = 100 and 100.25: weights σ(∓0.25) = (0.4378, 0.5622). Logits rounded to
+  # bfloat16 (steps of 0.5 near 100) would give (0.5, 0.5).
+  q = jnp.array([16, 16, 0, 0], jnp.bfloat16).reshape(1, 1, 1, 4)
+  k = jnp.array([[12.5, 0, 0, 0], [12.5, 0.03125, 0, 0]], jnp.bfloat16).reshape(1, 2, 1, 4)
+  expected = 1 / (1 + np.exp(-0.25))
+  np.testing.assert_allclose(core.attention_weights(q, k)[0, 0, 0], [1 - expected, expected],
+                             atol=1e-6)
+
+
 def test_masks_and_biases_of_fewer_than_four_axes_are_refused_even_when_they_would_broadcast():
   # With as many sequences as positions (B = T = S = 3), a [B, S] padding mask broadcasts as a
   # [T, S] one from the right: query t of every sequence would see sequence t's valid keys.
@@ -387,9 +397,12 @@ def _full_and_decoded(module, params, x_BxTxD):
   return full, [one_by_one, jnp.concatenate([chunk_out, rest], axis=1)], cache['cache_index']
 
 
-@pytest.mark.parametrize('positions', ['none', 'rotary', 'alibi'])
-def test_multi_head_attention_cache_matches_the_full_causal_pass(positions):
-  module = core.MultiHeadAttention(2, positions=positions)
+@pytest.mark.parametrize('positions, attention', [('none', 'exact'), ('rotary', 'exact'),
+                                                  ('alibi', 'exact'), ('none', 'chunked')])
+def test_multi_head_attention_cache_matches_the_full_causal_pass(positions, attention):
+  # Chunked attention decodes too: over the cache it is exact attention with a causal mask,
+  # which the chunked kind itself would refuse (it takes valid keys [B, 1, 1, S] only).
+  module = core.MultiHeadAttention(2, positions=positions, attention=attention)
   x = draw((2, 6, 8), 21)
   params = random_params(module, 22, x, causal=True)
   full, decoded, cache_index = _full_and_decoded(module, params, x)
@@ -398,6 +411,50 @@ def test_multi_head_attention_cache_matches_the_full_causal_pass(positions):
     np.testing.assert_allclose(out, full, rtol=1e-5, atol=1e-5,
                                err_msg=f'first chunk {first_chunk}')
   assert int(cache_index) == 6
+
+
+def test_decoding_keeps_the_callers_key_mask_over_the_cache():
+  """Left padding given as a key mask [B, 1, 1, L] while decoding (the prompt in one call, then
+  one input per call) stays masked alongside the cache's causal mask: the float64 reference."""
+  module = core.MultiHeadAttention(2)
+  x = draw((2, 5, 8), 27)
+  params = random_params(module, 28, x, causal=True)
+  valid_BxS = np.array([[True] * 5, [False, False, True, True, True]])
+
+  @jax.jit
+  def decode(params, x_BxTxD):
+    cache = module.init(jax.random.PRNGKey(0), x_BxTxD, causal=True, decode=True)['cache']
+    outs = []
+    for start, stop in ((0, 3), (3, 4), (4, 5)):
+      out, mutated = module.apply({'params': params, 'cache': cache}, x_BxTxD[:, start:stop],
+                                  mask=core.key_mask(valid_BxS), causal=True, decode=True,
+                                  mutable=['cache'])
+      cache = mutated['cache']
+      outs.append(out)
+    return jnp.concatenate(outs, axis=1)
+
+  expected = reference_mha(params, x, x, allowed=valid_BxS[:, None, None, :], causal=True)
+  np.testing.assert_allclose(decode(params, x), expected, rtol=1e-5, atol=2e-5)
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_bfloat16_activations():
+  """dtype=bfloat16: the parameters stay float32; q, k, v, the attention and the output are
+  bfloat16 (a float32 kernel or bias used unconverted promotes them to float32); the output is
+  the float64 reference to bfloat16 precision."""
+  module = core.MultiHeadAttention(2, dtype=jnp.bfloat16)
+  x = draw((2, 5, 8), 31)
+  shapes = jax.eval_shape(lambda: nn.unbox(module.init(jax.random.PRNGKey(0), x, causal=True)))
+  assert {a.dtype for a in jax.tree_util.tree_leaves(shapes)} == {np.dtype(np.float32)}
+  params = random_params(module, 32, x, causal=True)
+  out, state = jax.jit(lambda params, x: module.apply(
+      {'params': params}, x, causal=True, capture_intermediates=True))(params, x)
+  for name in ('query', 'key', 'value', 'attend', 'out'):
+    assert state['intermediates'][name]['__call__'][0].dtype == jnp.bfloat16, name
+  assert out.dtype == jnp.bfloat16
+  expected = reference_mha(params, x, x, causal=True)
+  # 8 significant bits: the largest difference measured is 0.041 (outputs up to 5).
+  np.testing.assert_allclose(np.asarray(out, np.float32), expected, rtol=0,
+                             atol=0.02 * np.abs(expected).max())
 
 
 def test_multi_head_attention_cache_refuses_to_run_past_its_end():
@@ -438,6 +495,15 @@ def test_one_decoding_call_of_exactly_the_cache_length_fills_it():
   full = module.apply({'params': params}, x, causal=True)
   np.testing.assert_allclose(out, full, rtol=1e-5, atol=1e-5)
   assert int(mutated['cache']['cache_index']) == 4
+
+
+def test_use_bias_false_leaves_every_projection_without_a_bias():
+  module = core.MultiHeadAttention(2, use_bias=False)
+  shapes = jax.eval_shape(lambda: nn.unbox(module.init(jax.random.PRNGKey(0),
+                                                       jnp.zeros((1, 3, 8))))['params'])
+  assert jax.tree_util.tree_map(np.shape, shapes) == {
+      'query': {'kernel': (8, 2, 4)}, 'key': {'kernel': (8, 2, 4)},
+      'value': {'kernel': (8, 2, 4)}, 'out': {'kernel': (2, 4, 8)}}
 
 
 def test_projection_kernels_are_lecun_normal_over_their_whole_fan_in():

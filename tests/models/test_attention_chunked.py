@@ -118,6 +118,17 @@ def test_bfloat16_scores_are_float32():
   np.testing.assert_allclose(np.asarray(out, np.float32), 1 / (1 + np.exp(-0.25)), atol=4e-3)
 
 
+def test_scores_far_below_zero_keep_their_softmax():
+  # Scores −200 and −199 (e^−200 underflows float32): weights σ(∓1) = (0.2689, 0.7311), the
+  # softmax being invariant to a shift. A running maximum started at 0 instead of −∞ shifts
+  # by 0, so every e^s and the denominator underflow to 0 and the row came out as zeros.
+  q = jnp.array([20.0, 0, 0, 0]).reshape(1, 1, 1, 4)
+  k = jnp.array([[-20.0, 0, 0, 0], [-19.9, 0, 0, 0]]).reshape(1, 2, 1, 4)
+  v = jnp.array([[0.0] * 4, [1.0] * 4]).reshape(1, 2, 1, 4)
+  out = jax.jit(lambda q, k, v: chunked_attention(q, k, v, key_block=1))(q, k, v)
+  np.testing.assert_allclose(out, np.full((1, 1, 1, 4), 1 / (1 + np.exp(-1))), rtol=1e-5)
+
+
 def test_bfloat16_inputs_give_bfloat16_outputs_and_gradients_near_the_reference():
   (q, k, v, cotangent, valid), options, allowed_BxNxTxS = _inputs('causal_padding_empty_rows')
   q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v))
@@ -170,6 +181,17 @@ def test_lengths_are_cut_into_the_fewest_blocks_of_at_most_block_positions():
       num_blocks = -(-length // block)
       assert size <= block and padded == num_blocks * size, (length, block, size, padded)
       assert 0 <= padded - length < num_blocks, (length, block, size, padded)
+
+
+def test_default_blocks_are_at_most_512_positions(monkeypatch):
+  # The default block sets memory and speed, not values, so no comparison above sees another.
+  # 600 queries at most 512 per block: two blocks of 300; 1100 keys: three blocks of 367.
+  sizes = []
+  monkeypatch.setattr(chunked, '_attention', lambda q, k, v, valid, causal, query_size, key_size:
+                      sizes.append((query_size, key_size)) or q)
+  keys_BxSxNxH = jnp.zeros((1, 1100, 1, 2))
+  chunked_attention(jnp.zeros((1, 600, 1, 2)), keys_BxSxNxH, keys_BxSxNxH)
+  assert sizes == [(300, 367)]
 
 
 def _forward_backward_temp_bytes(attend, length):

@@ -81,6 +81,12 @@ def test_alibi_bias_is_minus_slope_times_distance(causal):
                                    atol=0, err_msg=f'head {h}, query {i}, key {j}')
 
 
+def test_alibi_bias_is_causal_by_default():
+  # The default is the causal form −m·(p_q − p_k), signed: a later key gets +m per position.
+  bias_NxTxS = np.asarray(positions.alibi_bias(1, jnp.array([2]), jnp.array([0, 4])))
+  np.testing.assert_allclose(bias_NxTxS, [[[-2 / 256, 2 / 256]]], rtol=1e-6)
+
+
 # ---- rotary ---------------------------------------------------------------------------------
 
 def _rotate_at(x_H, position, base=10_000.0):
