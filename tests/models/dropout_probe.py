@@ -1,4 +1,5 @@
-"""What the first block of a Transformer stack reads, and the inverted-dropout check on it."""
+"""What the first block of a Transformer stack reads and sums, and the inverted-dropout check on
+it."""
 
 import flax.linen as nn
 import numpy as np
@@ -18,6 +19,33 @@ def first_block_inputs(apply_fn) -> dict:
   with nn.intercept_methods(interceptor):
     apply_fn()
   return seen
+
+
+def first_residual_sums(apply_fn, pre_norm: bool) -> dict:
+  """Calls `apply_fn()` and returns, for each stack's first block (`block0`, keyed by the name of
+  the module holding it: None for GPT and BERT, 'encoder' and 'decoder' for an encoder–decoder),
+  (x, a, s): the block's input x, its self-attention's output a and the residual sum
+  s = x + drop(a), which the next LayerNorm reads (post-LN: the self-attention's own norm;
+  pre-LN: the next sub-layer's norm). A model whose blocks drop nothing has s − x = a."""
+  seen = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    module, out = context.module, next_fun(*args, **kwargs)
+    if context.method_name == '__call__' and module.name == 'block0':
+      seen.setdefault(module.parent.name, {})['x'] = args[0]
+    elif (context.method_name == '__call__' and module.parent is not None
+          and module.parent.name == 'block0'):
+      stack = seen.setdefault(module.parent.parent.name, {})
+      if module.name == 'self_attention':
+        stack['a'] = out
+      elif module.name.endswith('_norm'):
+        stack.setdefault('norm_inputs', []).append(args[0])
+    return out
+
+  with nn.intercept_methods(interceptor):
+    apply_fn()
+  return {name: (stack['x'], stack['a'], stack['norm_inputs'][1 if pre_norm else 0])
+          for name, stack in seen.items()}
 
 
 def assert_inverted_dropout(dropped, expected, rate: float, **tolerance) -> None:

@@ -110,7 +110,11 @@ def test_segment_embeddings_only_when_num_segments_is_positive():
   assert 'num_segments=0' in message
 
   variables, apply = _init(_bert(num_segments=2), tokens)
-  assert variables['params']['segment_embed'].value.shape == (2, 16)
+  table = variables['params']['segment_embed'].value
+  assert table.shape == (2, 16)
+  # Drawn N(0, 0.02²) as the token table (BERT's initializer_range); the standard deviation
+  # of 32 draws is within 50% of 0.02 with near certainty (its standard error is 12.5%).
+  np.testing.assert_allclose(np.std(table), 0.02, rtol=0.5)
   sentences_ab = jnp.array([[0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1]])
   logits_none = apply(variables, tokens)
   logits = apply(variables, tokens, sentences_ab)
@@ -138,6 +142,22 @@ def test_training_drops_out_the_normalised_embedding_sum():
 
   dropout_probe.assert_inverted_dropout(block_input(True), block_input(False), 0.5, rtol=1e-5,
                                         atol=1e-6)
+
+
+def test_training_drops_out_the_sub_layer_outputs_of_every_block():
+  # Residual dropout (§3.1 of BERT, after Vaswani et al. 2017, §5.4): the model's rate reaches
+  # its post-LN blocks, whose first LayerNorm reads x + drop(a), each entry of drop(a) 0 or 2a.
+  model = _bert(dropout_rate=0.5)
+  tokens = jnp.array([[CLS, 1, 2, SEP, 3, 4, SEP], [CLS, 5, MASK, SEP, 6, SEP, PAD]])
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens))
+  rng = np.random.default_rng(2)
+  variables = jax.tree.map(lambda a: rng.normal(size=a.shape).astype(np.float32), variables)
+  sums = jax.jit(lambda variables: dropout_probe.first_residual_sums(lambda: model.apply(
+      variables, tokens, train=True, rngs={'dropout': jax.random.PRNGKey(1)}),
+      pre_norm=False))(variables)
+  (x_BxTxD, a_BxTxD, s_BxTxD), = sums.values()
+  dropout_probe.assert_inverted_dropout(np.asarray(s_BxTxD) - np.asarray(x_BxTxD), a_BxTxD, 0.5,
+                                        rtol=1e-5, atol=1e-5)
 
 
 def test_head_is_tied_to_the_token_embedding():
@@ -176,6 +196,19 @@ def test_bad_options_stop_inone_sentence():
   message = one_sentence(lambda: jax.eval_shape(model.init, jax.random.PRNGKey(0),
                                                  jnp.zeros((1, 6), jnp.int32)))
   assert '6 positions exceed max_length=4' in message
+
+
+def test_defaults_are_the_papers():
+  # Devlin et al. 2019 (§3, App. A.2): post-LN blocks, learned positions up to 512, dropout 0.1,
+  # MLP width 4·D; the four special tokens, and no segment embedding unless asked for.
+  model = BERT(vocab_size=V)
+  assert (model.pre_norm, model.positions, model.max_length, model.dropout_rate) == (
+      False, 'learned', 512, 0.1)
+  assert (model.num_special_tokens, model.num_segments) == (4, 0)
+  assert model.attention == 'exact' and model.use_bias
+  params = jax.eval_shape(lambda: nn.unbox(_bert().init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))))['params']
+  assert params['block0']['mlp']['hidden']['kernel'].shape == (16, 64)
 
 
 def test_registry_fills_the_vocabulary_from_the_data():

@@ -267,23 +267,27 @@ def test_with_zero_sublayers_pre_ln_is_the_identity_and_post_ln_a_layer_norm(pre
       np.testing.assert_allclose(final, _layer_norm(x), atol=1e-5)
 
 
-def test_training_drops_out_the_embedding_sums_of_both_stacks():
+def test_training_drops_out_the_embedding_sums_and_sub_layer_outputs_of_both_stacks():
   # x⁰ = dropout(√D·E[x] + PE) (§3.4, §3.5, §5.4): in training with rate 0.5 each entry of
-  # block0's input, in the encoder and in the decoder, is 0 or the sum scaled by
-  # 1/(1 − 0.5) = 2, about half of each.
+  # block0's input x, in the encoder and in the decoder, is 0 or the sum scaled by
+  # 1/(1 − 0.5) = 2, about half of each. The rate reaches the blocks too (residual dropout,
+  # §5.4): block0's first LayerNorm (post-LN) reads x + drop(a), each entry of drop(a) 0 or 2a.
   model = _model(num_layers=1, dropout_rate=0.5)
   params = _random_params(model)
-  inputs = jax.jit(lambda params: dropout_probe.first_block_inputs(lambda: model.apply(
+  sums = jax.jit(lambda params: dropout_probe.first_residual_sums(lambda: model.apply(
       {'params': params}, TARGETS, SOURCE, LENGTHS, train=True,
-      rngs={'dropout': jax.random.PRNGKey(0)})))(params)
-  assert set(inputs) == {'encoder', 'decoder'}
+      rngs={'dropout': jax.random.PRNGKey(0)}), pre_norm=False))(params)
+  assert set(sums) == {'encoder', 'decoder'}
   width = model.features
   for stack, embed, tokens in (('encoder', 'source_embed', SOURCE),
                                ('decoder', 'target_embed', TARGETS)):
+    x_BxTxD, a_BxTxD, s_BxTxD = sums[stack]
     table = np.asarray(params[stack][embed]['embed']['embedding'], np.float64)
     expected = np.sqrt(width) * table[tokens] + _sinusoidal(tokens.shape[1], width)[None]
-    dropout_probe.assert_inverted_dropout(inputs[stack], expected, 0.5, rtol=1e-5, atol=1e-5,
+    dropout_probe.assert_inverted_dropout(x_BxTxD, expected, 0.5, rtol=1e-5, atol=1e-5,
                                           err_msg=stack)
+    dropout_probe.assert_inverted_dropout(np.asarray(s_BxTxD) - np.asarray(x_BxTxD), a_BxTxD,
+                                          0.5, rtol=1e-5, atol=1e-5, err_msg=stack)
 
 
 def test_the_feed_forward_layers_are_four_times_as_wide_by_default():
@@ -319,6 +323,44 @@ def test_registry_builds_it_with_its_options_and_float32_parameters():
                     for m in (_model(pre_norm=True), _model()))
   assert 'output' not in tied and 'final_norm' in tied
   assert 'final_norm' not in post_ln  # post-LN by default: the blocks end in a LayerNorm
+
+
+@pytest.mark.parametrize('positions', ['rotary', 'alibi'])
+def test_rotary_and_alibi_models_run_with_no_position_table(positions):
+  # Rotary and ALiBi positions are relative offsets within one sequence: they act in the
+  # encoder's and the decoder's self-attention, and cross-attention (queries of the target,
+  # keys of the source) must take none, or the model cannot run. No table is added to the
+  # embeddings (`eval_shape`: nothing runs).
+  model = _model(num_layers=1, positions=positions)
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), TARGETS, SOURCE, LENGTHS))
+  params = flax.traverse_util.flatten_dict(nn.unbox(variables)['params'])
+  assert not [path for path in params if 'position_embed' in path]
+  logits = jax.eval_shape(lambda v: model.apply(v, TARGETS, SOURCE, LENGTHS), variables)
+  assert logits.shape == (3, 6, 128)
+
+
+def test_bfloat16_compute_in_every_projection_of_both_stacks():
+  """dtype=bfloat16 reaches every projection, the cross-attention's included; parameters,
+  LayerNorms and logits stay float32 (`eval_shape`: nothing runs)."""
+  model = _model(num_layers=1, dtype=jnp.bfloat16)
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), TARGETS, SOURCE, LENGTHS))
+  assert {a.dtype for a in jax.tree.leaves(nn.unbox(variables))} == {jnp.dtype('float32')}
+  logits, state = jax.eval_shape(lambda v: model.apply(
+      v, TARGETS, SOURCE, LENGTHS, capture_intermediates=True, mutable=['intermediates']),
+      variables)
+  assert logits.dtype == jnp.float32
+  outputs = {'/'.join(str(key.key) for key in path[:-2]): a.dtype
+             for path, a in jax.tree_util.tree_flatten_with_path(state['intermediates'])[0]
+             if path[-2].key == '__call__'}
+  attention = ('query', 'key', 'value', 'out')
+  layers = {'encoder': {'self_attention': attention, 'mlp': ('hidden', 'output')},
+            'decoder': {'self_attention': attention, 'cross_attention': attention,
+                        'mlp': ('hidden', 'output')}}
+  for stack, sublayers in layers.items():
+    for layer, names in sublayers.items():
+      for name in names:
+        assert outputs[f'{stack}/block0/{layer}/{name}'] == jnp.bfloat16, (stack, layer, name)
+      assert outputs[f'{stack}/block0/{layer}_norm'] == jnp.float32, (stack, layer)
 
 
 @pytest.mark.parametrize('options, message', [

@@ -5,6 +5,7 @@ architecture formula, and bad options stop at construction."""
 
 import functools
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -199,6 +200,20 @@ def test_training_drops_out_the_embedding_sum_before_the_first_block():
                                         atol=1e-6)
 
 
+def test_training_drops_out_the_sub_layer_outputs_of_every_block():
+  # Residual dropout (Vaswani et al. 2017, §5.4; GPT-2): the model's rate reaches its blocks,
+  # so block0's residual sum is x + drop(a) with each entry of drop(a) 0 or 2a at rate 0.5.
+  model = tiny_gpt(num_layers=1, dropout_rate=0.5)
+  params = random_params(model, 4)
+  x = tokens(5)
+  sums = jax.jit(lambda params: dropout_probe.first_residual_sums(lambda: model.apply(
+      {'params': params}, x, train=True, rngs={'dropout': jax.random.PRNGKey(0)}),
+      pre_norm=True))(params)
+  (x_BxTxD, a_BxTxD, s_BxTxD), = sums.values()
+  dropout_probe.assert_inverted_dropout(np.asarray(s_BxTxD) - np.asarray(x_BxTxD), a_BxTxD, 0.5,
+                                        rtol=1e-5, atol=1e-5)
+
+
 # ---- options and errors ---------------------------------------------------------------------
 
 def test_training_leaves_the_mlp_hidden_units_undropped():
@@ -337,6 +352,16 @@ def test_initial_embedding_and_output_scales():
   # 32,768 entries each: the standard error of a standard deviation is ≈ 0.4 %.
   np.testing.assert_allclose(table.std(), 0.02, rtol=0.03)
   np.testing.assert_allclose(output.std(), 1 / np.sqrt(64), rtol=0.03)
+  # The learned position table P too is N(0, 0.02²) (256 entries: standard error ≈ 4.4 %).
+  positions = np.asarray(params['params']['position_embed']['embedding'])
+  np.testing.assert_allclose(positions.std(), 0.02, rtol=0.2)
+  # Every LayerNorm starts as plain standardisation (γ = 1, β = 0) and every bias at 0.
+  flat = flax.traverse_util.flatten_dict(params['params'])
+  norms = [path for path in flat if path[-2].endswith('norm')]
+  assert len(norms) == 2 * 3  # block0's two and the final one, each a scale and a bias
+  for path, value in flat.items():
+    if path[-1] in ('scale', 'bias'):
+      np.testing.assert_array_equal(value, float(path[-1] == 'scale'), err_msg=str(path))
 
 
 @pytest.mark.parametrize('tokens_in, described', [

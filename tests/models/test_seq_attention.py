@@ -153,6 +153,19 @@ def test_masked_softmax_is_stable_for_large_scores():
                              nn.softmax(jnp.asarray(scores[:, :3], jnp.float32)), rtol=1e-6)
 
 
+def test_bfloat16_compute_keeps_float32_weights_close_to_the_float32_ones():
+  # dtype=bfloat16: the scores and the context compute in bfloat16, but the softmax and the
+  # weights it returns stay float32 (each row sums to 1 to float32 precision, not bfloat16's
+  # 2^-8), within bfloat16 rounding of the float32 module's.
+  query, keys = draw((B, 4), 12), draw((B, S, 4), 13)
+  context, weights = EncoderAttention('dot', dtype=jnp.bfloat16).apply({}, query, keys, MASK)
+  assert weights.dtype == jnp.float32 and context.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, rtol=1e-6)
+  expected_context, expected_weights, _ = reference(dot_score, query, keys, MASK)
+  np.testing.assert_allclose(weights, expected_weights, atol=0.05)
+  np.testing.assert_allclose(np.asarray(context, np.float32), expected_context, atol=0.05)
+
+
 def test_dot_attention_with_mismatched_widths_is_one_clear_error():
   # (JAX appends a note on its filtered traceback, so no `$`.)
   with pytest.raises(ValueError, match=r'^Dot-product attention needs the decoder state \(3\) '

@@ -222,6 +222,21 @@ def test_dropout_falls_on_the_sublayer_outputs_never_on_the_residual_path(pre_no
   np.testing.assert_allclose(out_BxTxD, expected_BxTxD, **TOL)
 
 
+def test_training_redraws_performer_features_in_the_self_attention():
+  # Performer attention draws its random features from the 'features' stream in training (a
+  # fixed draw at evaluation): the block passes its train flag on, so two stream keys give
+  # two different training outputs.
+  block = TransformerBlock(HEADS, MLP, causal=True, attention='performer',
+                           attention_options={'num_features': 8, 'orthogonal': False})
+  x_BxTxD = draw((B, T, D), 8)
+  params = perturbed_params(block, 9, x_BxTxD)
+  run = lambda params, key: block.apply({'params': params}, x_BxTxD, train=True,
+                                        rngs={'features': key})
+  first, second = jax.jit(jax.vmap(run, in_axes=(None, 0)))(
+      params, jax.random.split(jax.random.PRNGKey(0)))
+  assert np.abs(np.asarray(first) - np.asarray(second)).max() > 1e-3
+
+
 # ---- options ---------------------------------------------------------------------------------
 
 def _parameter_paths(module, *args, **kwargs):
