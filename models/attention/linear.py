@@ -80,11 +80,20 @@ def linear_attention_from_features(phi_q_BxTxNxM, phi_k_BxSxNxM, v_BxSxNxH, *,
                              preferred_element_type=jnp.float32)
     den_BxTxN = jnp.einsum('btnm,bnm->btn', phi_q_BxTxNxM, z_BxNxM,
                            preferred_element_type=jnp.float32)
+  return ratio(num_BxTxNxH, den_BxTxN).astype(phi_q_BxTxNxM.dtype)
+
+
+def ratio(num_BxTxNxH, den_BxTxN):
+  """num / den [B, T, N, H], zeros where den ≤ _TINY (no allowed key), with finite gradients."""
   has_keys_BxTxNx1 = (den_BxTxN > _TINY)[..., None]
-  # The inner where keeps 1/0 out of the gradient of the rows the outer where drops.
-  out_BxTxNxH = jnp.where(has_keys_BxTxNx1,
-                          num_BxTxNxH / jnp.where(has_keys_BxTxNx1, den_BxTxN[..., None], 1), 0)
-  return out_BxTxNxH.astype(phi_q_BxTxNxM.dtype)
+  # This where keeps 1/0 out of the gradient of the rows the last one drops.
+  den_BxTxNx1 = jnp.where(has_keys_BxTxNx1, den_BxTxN[..., None], 1)
+  # Both divided by den's value first: the gradient of num / den has a 1/den², which overflows
+  # float32 for den < 1e-19 (the Performer's shifted features reach such sums) and gives inf
+  # and NaN; that of (num/d) / (den/d) divides by den twice, one factor at a time.
+  unit_BxTxNx1 = jax.lax.stop_gradient(den_BxTxNx1)
+  return jnp.where(has_keys_BxTxNx1,
+                   (num_BxTxNxH / unit_BxTxNx1) / (den_BxTxNx1 / unit_BxTxNx1), 0)
 
 
 def check_arguments(query_shape, key_shape, value_shape, *, causal, key_valid_BxS, block):

@@ -144,10 +144,7 @@ def _non_causal(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, features_MxH, key_valid_BxS):
                              preferred_element_type=jnp.float32)
     den_BxLxN = jnp.einsum('blnm,bnm->bln', phi_q_BxLxNxM, z_BxNxM,
                            preferred_element_type=jnp.float32)
-    has_keys_BxLxNx1 = (den_BxLxN > linear._TINY)[..., None]
-    # The inner where keeps 1/0 out of the gradient of the rows the outer where drops.
-    return jnp.where(has_keys_BxLxNx1,
-                     num_BxLxNxH / jnp.where(has_keys_BxLxNx1, den_BxLxN[..., None], 1), 0)
+    return linear.ratio(num_BxLxNxH, den_BxLxN)
 
   queries = q_BxTxNxH.shape[1]
   out_CxBxLxNxH = jax.lax.map(attend, _chunks(q_BxTxNxH, min(CHUNK, queries), 0))

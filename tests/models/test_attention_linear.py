@@ -79,6 +79,13 @@ def test_features_of_another_width_go_through_the_core():
                                  for causal in (False, True)])(phi_q, phi_k, v)
   for out, allowed in zip(outs, (True, causal_allowed(9, 9)[None, None])):
     np.testing.assert_allclose(out, quadratic_form(phi_q, phi_k, v, allowed), rtol=1e-5, atol=2e-6)
+  # bfloat16 features with float32 values: the output has the features' dtype (outputs up to
+  # 0.66, whose bfloat16 rounding alone is up to 2⁻⁹ ≈ 2e-3; measured 1.9e-3).
+  phi_q16, phi_k16 = (jnp.asarray(a, jnp.bfloat16) for a in (phi_q, phi_k))
+  out16 = jax.jit(linear.linear_attention_from_features)(phi_q16, phi_k16, v)
+  assert out16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(out16, np.float64), quadratic_form(
+      *(np.asarray(a, np.float64) for a in (phi_q16, phi_k16)), v, True), rtol=0, atol=5e-3)
 
 
 def check_padding_garbage_stays_out(attend, q, k, v, valid_BxS):
@@ -105,6 +112,23 @@ def test_gradients_are_finite_and_padding_gets_none(causal):
   _, grads = check_padding_garbage_stays_out(attend, q, k, v, valid_BxS)
   # Every real key does receive a gradient.
   assert (np.abs(grads[2][valid_BxS]).sum(-1) > 0).all()
+
+
+def test_tiny_denominators_leave_the_gradients_exact():
+  # Features of 1e-13 (as the Performer's shifted ones can be): φq·φk = 4e-26, whose square
+  # underflows float32; the gradient of num / den, which has 1/den² in it, was NaN. With one key
+  # the output is its value whatever the features are, so the gradients of Σ out² are 0 for φq
+  # and φk and 2v for v.
+  phi = np.full((1, 1, 1, H), 1e-13, np.float32)
+  v = draw((1, 1, 1, H), 1)
+  # Causal and non-causal sums end in the same division; the Performer's tests take the other.
+  grad_q, grad_k, grad_v = jax.jit(jax.grad(lambda *args: jnp.sum(
+      linear.linear_attention_from_features(*args, causal=True) ** 2), argnums=(0, 1, 2)))(
+          phi, phi, v)
+  # The features' gradients are rounding of the order of 1e-7 / den · φ ≈ 1e6.
+  np.testing.assert_allclose(grad_q * 1e-13, 0, atol=1e-6)
+  np.testing.assert_allclose(grad_k * 1e-13, 0, atol=1e-6)
+  np.testing.assert_allclose(grad_v, 2 * v, rtol=1e-6)
 
 
 def test_bfloat16_inputs_give_bfloat16_outputs_close_to_float64():

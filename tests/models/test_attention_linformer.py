@@ -60,6 +60,16 @@ def test_linformer_matches_the_formula_with_padding():
   np.testing.assert_allclose(np.asarray(out16, np.float32), expected, rtol=0, atol=3e-2)
 
 
+def test_values_of_another_width_keep_the_scale_of_the_query_width():
+  # Values 6 wide, queries and keys 4: the logits are divided by √4.
+  q, k, v = draw((2, 5, 2, 4), 1), draw((2, 8, 2, 4), 2), draw((2, 8, 2, 6), 3)
+  proj_e_KxL, proj_f_KxL = draw((3, 10), 4), draw((3, 10), 5)
+  out = jax.jit(linformer.linformer_attention)(q, k, v, proj_e_KxL, proj_f_KxL)
+  assert out.shape == (2, 5, 2, 6)
+  np.testing.assert_allclose(out, reference_linformer(q, k, v, proj_e_KxL, proj_f_KxL), rtol=1e-5,
+                             atol=2e-6)
+
+
 LENGTH, WIDTH, RANK, DRAWS = 64, 16, 4, 32
 PROJECTED = (4, 8, 16, 32, 64)
 

@@ -72,6 +72,18 @@ def test_features_estimate_the_softmax_kernel_without_bias():
   np.testing.assert_allclose(omega_RxH.T @ omega_RxH / len(omega_RxH), np.eye(H), atol=0.03)
 
 
+def test_softmax_kernel_features_are_the_formula_with_m_other_than_h():
+  # φ(x) = exp(W x − ‖x‖²/2) / √M for M = 10 features of width H = 4: 1/√M, not 1/√H (the two
+  # agree where the estimate above is checked, M = H).
+  features_MxH = features_10xH()
+  x = draw((2, 3, 2, H), 5)
+  w, x64 = features_MxH.astype(np.float64), x.astype(np.float64)
+  expected = np.exp(np.einsum('blnh,mh->blnm', x64, w) - 0.5 * (x64**2).sum(-1, keepdims=True)
+                    ) / math.sqrt(10)
+  np.testing.assert_allclose(jax.jit(performer.softmax_kernel_features)(x, features_MxH),
+                             expected, rtol=1e-5)
+
+
 def test_orthogonal_features_are_orthogonal_within_blocks_of_h():
   features_MxH = features_10xH().astype(np.float64)
   assert features_MxH.shape == (10, H)
@@ -181,6 +193,18 @@ def test_causal_and_padded_forms_equal_the_quadratic_form():
   np.testing.assert_allclose(np.asarray(out_bf16, np.float64), expected_bf16, atol=1e-2, rtol=0)
 
 
+def test_values_of_another_width_and_queries_scaled_by_their_own_width():
+  # Values 6 wide, queries and keys H = 4: x' = x / H^{1/4} with H the queries' width.
+  q, k, v = draw((2, 6, 2, H), 1), draw((2, 6, 2, H), 2), draw((2, 6, 2, 6), 3)
+  features_MxH = features_10xH()
+  outs = jax.jit(lambda q, k, v: [performer.performer_attention(
+      q, k, v, features_MxH, causal=causal, block=4) for causal in (False, True)])(q, k, v)
+  for out, allowed in zip(outs, (True, causal_allowed(6, 6)[None, None])):
+    assert out.shape == v.shape
+    np.testing.assert_allclose(out, quadratic_form(q, k, v, features_MxH, allowed), rtol=0,
+                               atol=5e-5)
+
+
 @pytest.mark.parametrize('causal', [True, False])
 def test_gradients_are_finite_with_padding_and_large_inputs(causal):
   # The non-causal sums have their own padding code (`_non_causal`): a NaN value there left
@@ -195,6 +219,23 @@ def test_gradients_are_finite_with_padding_and_large_inputs(causal):
 
   out, _ = check_padding_garbage_stays_out(attend, q, k, v, valid_BxS)
   np.testing.assert_array_equal(out[2], 0.0)
+
+
+def test_tiny_denominators_leave_the_gradients_exact():
+  # W = [e_1; −e_1], q = −k = 42 e_1: after the shifts log φ(q') = (0, −59.4) and log φ(k') =
+  # (−59.4, 0) (+ constants), so φ(q')·φ(k') ≈ 3e-26, whose square underflows float32; the
+  # gradient of num / den, which has 1/den² in it, was NaN. With one key the output is its value
+  # whatever q and k are, so the gradients of Σ out² are 0 for q and k and 2v for v.
+  features_MxH = np.array([[1, 0, 0, 0], [-1, 0, 0, 0]], np.float32)
+  q = np.array([42, 0, 0, 0], np.float32).reshape(1, 1, 1, H)
+  v = draw((1, 1, 1, H), 1)
+  # Non-causal: its own sums (`_non_causal`); the causal ones are linear attention's, tested there.
+  grad_q, grad_k, grad_v = jax.jit(jax.grad(lambda *qkv: jnp.sum(performer.performer_attention(
+      *qkv, features_MxH) ** 2), argnums=(0, 1, 2)))(q, -q, v)
+  # Rounding through exponents of 60: measured 4.8e-6.
+  np.testing.assert_allclose(grad_q, 0, atol=1e-4)
+  np.testing.assert_allclose(grad_k, 0, atol=1e-4)
+  np.testing.assert_allclose(grad_v, 2 * v, rtol=1e-6)
 
 
 def test_bad_arguments_raise_before_compiling():

@@ -99,6 +99,37 @@ def test_rows_without_keys_are_zeros_with_finite_gradients():
     assert np.isfinite(grad).all(), argument
 
 
+def test_huge_logits_of_masked_keys_leave_outputs_and_gradients_exact():
+  # Padded keys of 1e30 give logits far above the allowed ones: exp of them, masked only
+  # afterwards, is inf and its gradient inf·0 = NaN.
+  (q, k, v), valid_BxT, kwargs, allowed_Bx1xTxT = _case('strided_padding')
+  k = k.copy()
+  k[~valid_BxT] = 1e30
+  expected, _ = reference_attention(q, np.where(valid_BxT[..., None, None], k, 0), v,
+                                    allowed=allowed_Bx1xTxT)
+  attend = lambda q, k, v: sparse.sparse_attention(q, k, v, key_valid_BxS=valid_BxT, **kwargs)
+  out, grads = jax.jit(lambda q, k, v: (
+      attend(q, k, v), jax.grad(lambda *qkv: (attend(*qkv) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)
+  ))(q, k, v)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=2e-6)
+  for argument, grad in zip('qkv', grads):
+    assert np.isfinite(grad).all(), argument
+  np.testing.assert_array_equal(np.asarray(grads[1])[~valid_BxT], 0.0)
+
+
+@pytest.mark.parametrize('pattern, block, summary', [('fixed', 4, 4), ('local', 1, 1)])
+def test_edge_arguments_summary_equal_to_block_and_block_of_one(pattern, block, summary):
+  # summary = block makes every position a summary ('fixed' sees all keys); blocks of one
+  # position are allowed too. Values 6 wide, queries and keys 4: the scale is 1/√4.
+  q, k, v = draw((2, 7, N, H), 1), draw((2, 7, N, H), 2), draw((2, 7, N, 6), 3)
+  allowed = pattern_allowed(pattern, 7, block, False, summary)
+  out = jax.jit(lambda q, k, v: sparse.sparse_attention(q, k, v, pattern=pattern, block=block,
+                                                         summary=summary))(q, k, v)
+  assert out.shape == (2, 7, N, 6)
+  expected, _ = reference_attention(q, k, v, allowed=allowed)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=2e-6)
+
+
 def test_bfloat16_inputs_give_bfloat16_outputs_close_to_the_reference():
   (q, k, v), valid_BxT, kwargs, allowed_Bx1xTxT = _case('strided_causal')
   q16, k16, v16 = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v))
