@@ -450,6 +450,53 @@ def test_vae_options_are_checked():
                                                          input_key='pixels'))
 
 
+def test_an_evaluation_batch_of_padding_only_sums_to_zero(contractive):
+  # With every example masked out ρ̂ has no example to average: taken as 0 and clipped inside
+  # (0, 1), the penalty stays finite and the mask removes it. A NaN (0 / 0) or an infinite KL
+  # would survive the mask (NaN · 0) and spoil the split's sums.
+  model, params = contractive
+  task = tasks.build('autoencoder', sparsity_target=0.2, sparsity_weight=3.0)
+  mask, x = jnp.zeros(B, jnp.int32), images(B)
+  sums = jax.jit(lambda params: step.sum_metrics(
+      task.loss(_bind(model, params), {'input': x, 'mask': mask}), B, mask))(params)
+  for name, (total, weight) in sums.items():
+    assert (float(total), float(weight)) == (0.0, 0.0), name
+
+
+def test_bits_per_dimension_of_images_count_every_pixel_of_an_example():
+  # A Gaussian decoder on dequantised images [2, 3, 1]: D = 6 dimensions per example, not the
+  # last axis's 1. ELBO and IWAE from fixed outputs, in numpy: nll / (D ln 2) + 8 bits.
+  rng = np.random.default_rng(9)
+  s, b, k, shape = 3, 4, 2, (2, 3, 1)
+  f32 = lambda a: np.asarray(a, np.float32).astype(np.float64)
+  mean, log_var = f32(rng.normal(size=(b, k))), f32(0.3 * rng.normal(size=(b, k)))
+  z = f32(mean + np.exp(0.5 * log_var) * rng.normal(size=(s, b, k)))
+  decoder_mean = f32(rng.uniform(size=(s, b) + shape))
+  decoder_log_var = f32(rng.uniform(-3, -1, size=(s, b) + shape))
+  out = autoencoders.VAEOutput(*(jnp.asarray(a, jnp.float32) for a in (
+      mean, log_var, z, decoder_mean, decoder_log_var)))
+  task = tasks.build('vae', dequantize=True, iwae_samples=s)
+  pixels = jnp.asarray(rng.integers(0, 256, size=(b,) + shape), jnp.float32)
+
+  @jax.jit
+  def run(key):
+    batch = task.transform({'dequantize': key}, {'input': pixels}, False)
+    return batch['input'], task.eval_metrics(lambda x, num_samples: out, batch)
+
+  y, metrics = run(jax.random.PRNGKey(0))
+  totals, y = _totals(metrics), np.asarray(y, np.float64)
+  log_px = stats.norm.logpdf(y, decoder_mean, np.exp(0.5 * decoder_log_var)).reshape(s, b, -1)
+  log_px = log_px.sum(-1)
+  kl = 0.5 * np.sum(mean ** 2 + np.exp(log_var) - 1 - log_var, 1)
+  log_w = (log_px + stats.norm.logpdf(z).sum(-1)
+           - stats.norm.logpdf(z, mean, np.exp(0.5 * log_var)).sum(-1))
+  bounds = {'elbo': log_px.mean(0) - kl, 'iwae': np.log(np.mean(np.exp(log_w), 0))}
+  for name, bound in bounds.items():
+    np.testing.assert_allclose(totals[name], bound, rtol=1e-5)
+    np.testing.assert_allclose(totals[f'{name}_bits_per_dim'], -bound / (6 * math.log(2)) + 8,
+                               rtol=1e-5)
+
+
 # Every parallel mode -----------------------------------------------------------------------
 
 _SPARSE_AUTOENCODER_STEPS = '''

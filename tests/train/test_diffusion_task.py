@@ -393,3 +393,70 @@ def test_ddim_starts_from_the_noise_of_the_given_key():
   first, again, other = (np.asarray(draw(jax.random.PRNGKey(seed))) for seed in (5, 5, 6))
   np.testing.assert_array_equal(first, again)
   assert np.abs(first - other).min() > 1e-3, (first, other)
+
+
+def test_the_loss_of_images_is_per_pixel_of_every_axis():
+  # Predicting 0 leaves the whole noise: ‖ε‖² / D = 1 on average, D = H·W·C = 16 for images
+  # [4, 4, 1], not the channels alone (a loss of 16).
+  task = tasks.build('diffusion', {'features': ('image',)}, objective='ddpm', num_steps=10)
+  images = np.random.default_rng(1).integers(0, 256, size=(64, 4, 4, 1)).astype(np.uint8)
+  zero = Stub(lambda x, t: jnp.zeros_like(x))
+  total_B, weight_B = jax.jit(lambda batch: task.loss(zero, batch)['loss'])(
+      task.preprocess({'image': images}))
+  values = np.asarray(total_B) / np.asarray(weight_B)
+  assert abs(values.mean() - 1) < 4 * values.std() / np.sqrt(64), values.mean()
+
+
+def test_default_process_steps_and_no_sample_grid_for_cold():
+  # num_steps = 0 means T = 1,000 for ddpm and d3pm, 50 for cold (the class docstring).
+  for objective, steps in (('ddpm', 1000), ('cold', 50), ('d3pm', 1000)):
+    assert tasks.build('diffusion', {'features': ('image',)},
+                       objective=objective).process_steps == steps
+  # cold restores degraded images and has no sampler: no grid after evaluation, even with
+  # num_samples set on image data (ddpm, with the same options, draws one).
+  meta = {'features': ('image',), 'shapes': {'image': (4, 4, 1)}}
+  assert tasks.build('diffusion', meta, objective='cold', num_samples=4).eval_hooks() == []
+  assert len(tasks.build('diffusion', meta, objective='ddpm', num_samples=4).eval_hooks()) == 1
+
+
+def test_ddpm_noises_with_the_beta_schedule_it_is_given():
+  # x_0 = 0 gives x_t = √(1 − ᾱ_t) ε, so with ᾱ_t = Π_{s≤t} (1 − β_s) of β linear from
+  # beta_start to beta_end, x_t / √(1 − ᾱ_t) is ε exactly and the loss 0.
+  alpha_bars = jnp.asarray(np.cumprod(1 - np.linspace(0.05, 0.5, 10)), jnp.float32)
+  task = tasks.build('diffusion', {'features': ('x',)}, objective='ddpm', input_key='x',
+                     num_steps=10, beta_start=0.05, beta_end=0.5)
+  exact = Stub(lambda x, t: x / jnp.sqrt(1 - alpha_bars[t - 1])[:, None])
+  total_B, _ = jax.jit(lambda batch: task.loss(exact, batch)['loss'])(
+      task.preprocess({'x': np.zeros((64, 2), np.float32)}))
+  assert np.max(np.asarray(total_B)) < 1e-6
+
+
+def test_cold_blurs_with_blur_sigma():
+  # T = 1: D(x_0, 1) is one blur by the taps g_k ∝ exp(−k²/(2σ²)), k = −2 … 2 for σ = 0.5. On
+  # −1 everywhere but a 1 at the centre of 7 × 7 it changes x_0 by 2 (g ⊗ g − δ), so the
+  # identity restorer's mean |error| is 2 · 2 (1 − g_0²) / 49.
+  task = tasks.build('diffusion', {'features': ('image',)}, objective='cold', num_steps=1,
+                     blur_sigma=0.5)
+  images = np.zeros((2, 7, 7, 1), np.uint8)
+  images[:, 3, 3] = 255
+  total_B, _ = jax.jit(lambda batch: task.loss(Stub(lambda x, t: x), batch)['loss'])(
+      task.preprocess({'image': images}))
+  taps = np.exp(-np.arange(-2, 3) ** 2 / (2 * 0.5 ** 2))
+  g0 = 1 / taps.sum()
+  np.testing.assert_allclose(total_B, 4 * (1 - g0 ** 2) / 49, rtol=1e-5)
+
+
+class AllOn:
+  """A d3pm 'module' whose logits of x_0 are sure that every pixel is on (category 1)."""
+
+  def apply(self, variables, x, t_B):
+    del variables, t_B
+    return 10.0 * jax.nn.one_hot(jnp.ones(x.shape[:3], jnp.int32), 3)
+
+
+def test_d3pm_samples_are_the_binarised_pixel_values():
+  # Samples come back as the categories themselves, here 1 (an on pixel) everywhere.
+  task = tasks.build('diffusion', {'features': ('image',), 'shapes': {'image': (2, 2, 1)}},
+                     objective='d3pm', num_steps=5)
+  x = jax.jit(lambda key: task.sample(AllOn(), {}, key, 3))(jax.random.PRNGKey(0))
+  np.testing.assert_array_equal(x, np.ones((3, 2, 2, 1), np.float32))
