@@ -45,6 +45,9 @@ def test_load_images_scales_the_first_images(fashion_dir):
   np.testing.assert_array_equal(classes, labels[:3])
   with pytest.raises(ValueError, match=r'num_images=6 must be in \[1, 5\]'):
     augmentation_grid.load_images(str(directory), 6)
+  loaded, classes = augmentation_grid.load_images(str(directory), 5)  # every image of the file
+  np.testing.assert_allclose(loaded[..., 0], images / 255, atol=1e-7)
+  np.testing.assert_array_equal(classes, labels)
 
 
 def test_make_grid_draws_the_tinted_inputs_and_their_augmentations(fashion_dir, tmp_path,
@@ -79,6 +82,20 @@ def test_make_grid_draws_the_tinted_inputs_and_their_augmentations(fashion_dir, 
   assert mixed_rows > 0
   picture = matplotlib.image.imread(output)
   assert picture.ndim == 3 and min(picture.shape[:2]) > 100 and picture.std() > 0
+
+
+def test_the_test_split_draws_the_t10k_images(fashion_dir, tmp_path, monkeypatch):
+  monkeypatch.setattr(augmentation_grid, 'GRID', ())  # the input row alone
+  directory, train_images, _ = fashion_dir
+  test_images = 255 - train_images[:4]
+  _write_idx_gz(directory / 't10k-images-idx3-ubyte.gz', test_images)
+  _write_idx_gz(directory / 't10k-labels-idx1-ubyte.gz', np.array([1, 2, 3, 4], np.uint8))
+  [(title, originals, labels)] = augmentation_grid.make_grid(
+      str(directory), str(tmp_path / 'grid.png'), num_images=2, split='test')
+  assert title == 'original'
+  np.testing.assert_allclose(originals, augmentation_grid.tint(test_images[:2, :, :, None] / 255),
+                             atol=1e-6)
+  np.testing.assert_array_equal(labels.argmax(axis=1), [1, 2])
 
 
 def test_tint_keeps_black_and_gives_each_image_its_own_hue():

@@ -4,6 +4,7 @@ quantities the theory predicts, and bad flags are refused before any work."""
 import os
 import subprocess
 import sys
+import types
 
 from absl import app
 import numpy as np
@@ -203,3 +204,59 @@ def test_an_output_file_that_is_a_folder_is_refused_before_any_work(tmp_path, sc
       ', is a folder.\n'), message
   if kept:
     assert (tmp_path / kept).read_text() == 'an earlier table\n'
+
+
+def test_universal_approximation_tables_the_errors_of_each_width(tmp_path, monkeypatch, capsys):
+  # The run's rows (width, construction error, trained error) as given, with its flags.
+  monkeypatch.setattr(universal_approximation, 'FLAGS', types.SimpleNamespace(
+      workdir=str(tmp_path), widths=['8', '16'], train_steps=7, learning_rate=0.25, seed=3))
+  calls = []
+  rows = [(8, 0.0123, 0.0456), (16, 0.00321, float('nan'))]
+  monkeypatch.setattr(universal_approximation, 'run', lambda *args: calls.append(args) or rows)
+  universal_approximation.main(['universal_approximation'])
+  assert calls == [([8, 16], 7, 0.25, 3)]
+  lines = (tmp_path / 'universal_approximation.tsv').read_text().splitlines()
+  assert lines == ['width\tconstruction_max_error\ttrained_max_error',
+                   '8\t1.230000e-02\t4.560000e-02', '16\t3.210000e-03\tnan']
+  assert os.path.getsize(tmp_path / 'universal_approximation.png') > 1000
+  capsys.readouterr()
+  # Width 3 interpolates on a single point: refused before any file is written.
+  (tmp_path / 'universal_approximation.tsv').unlink()
+  monkeypatch.setattr(universal_approximation.FLAGS, 'widths', ['16', '3'])
+  with pytest.raises(app.UsageError, match='must be integers of at least 4'):
+    universal_approximation.main(['universal_approximation'])
+  assert len(calls) == 1 and not (tmp_path / 'universal_approximation.tsv').exists()
+
+
+def test_random_features_tables_the_mean_and_spread_over_independent_draws(tmp_path, monkeypatch,
+                                                                         capsys):
+  """The table from stand-in accuracies 0.5 + D/1000 + 0.1 · seed: each D is drawn with the
+  seeds 0 … draws − 1, and its row holds their mean and (population) standard deviation."""
+  monkeypatch.setattr(random_features, 'FLAGS', types.SimpleNamespace(
+      workdir=str(tmp_path), num_features=['10', '30'], draws=3, gamma=None, ridge=0.5,
+      svc_c=2.0, split_seed=0))
+  calls = []
+
+  def accuracy(x_train, y_train, x_test, y_test, gamma, ridge, num_features, seed):
+    calls.append((num_features, seed, gamma, ridge))
+    return 0.5 + num_features / 1000 + 0.1 * seed
+  monkeypatch.setattr(random_features, 'random_features_accuracy', accuracy)
+  monkeypatch.setattr(random_features, 'exact_kernel_ridge_accuracy',
+                      lambda *args: calls.append(('ridge', *args[4:])) or 0.75)
+  monkeypatch.setattr(random_features, 'svc_accuracy',
+                      lambda *args: calls.append(('svc', *args[4:])) or 0.875)
+  random_features.main(['random_features'])
+  x_train, _, _, _ = random_features.load_split(0)
+  gamma = 1 / (64 * x_train.var())
+  assert calls == [('ridge', gamma, 0.5), ('svc', gamma, 2.0)] + [
+      (d, seed, gamma, 0.5) for d in (10, 30) for seed in range(3)]
+  lines = (tmp_path / 'random_features.tsv').read_text().splitlines()
+  assert lines[0] == 'model\tnum_features\tmean_accuracy\tstd_accuracy'
+  for line, d in zip(lines[1:3], (10, 30)):
+    values = [0.5 + d / 1000 + 0.1 * seed for seed in range(3)]
+    name, count, mean, std = line.split('\t')
+    assert (name, count) == ('rff_ridge', str(d))
+    assert float(mean) == pytest.approx(sum(values) / 3, abs=1e-6)
+    assert float(std) == pytest.approx(0.1 * np.sqrt(2 / 3), abs=1e-6)
+  assert lines[3:] == ['exact_kernel_ridge\t\t0.750000\t', 'exact_svc\t\t0.875000\t']
+  capsys.readouterr()

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import types
 
 import ml_collections
 import numpy as np
@@ -17,10 +18,12 @@ from tests.messages import assert_one_sentence
 from tests.subprocess_util import REPO_ROOT
 
 
-def _run(tmp_path_factory, data_dir, attention):
-  """A tiny dates run with a checkpoint of step 2 holding random parameters."""
+def _run(tmp_path_factory, data_dir, attention, ema_decay=0.0):
+  """A tiny dates run with a checkpoint of step 2 holding random parameters (and, with an
+  `ema_decay`, an independent random parameter average)."""
   config = dates_seq2seq_attention.get_config()
   config.data.data_dir = data_dir
+  config.ema_decay = ema_decay
   config.model.features, config.model.embed_dim, config.model.attention_features = 8, 4, 8
   config.model.attention = attention
   config.model.bidirectional_encoder = attention != 'dot'
@@ -31,7 +34,7 @@ def _run(tmp_path_factory, data_dir, attention):
 
 @pytest.fixture(scope='module')
 def attention_run(tmp_path_factory, data_dir):
-  return _run(tmp_path_factory, data_dir, 'additive')
+  return _run(tmp_path_factory, data_dir, 'additive', ema_decay=0.99)
 
 
 def test_figure_shows_the_greedy_decoding_and_weights_over_the_valid_source(attention_run,
@@ -41,7 +44,8 @@ def test_figure_shows_the_greedy_decoding_and_weights_over_the_valid_source(atte
   config = loop.read_config(attention_run)
   _, eval_source, _, task, module = loop.build_parts(config, attention_run)
   state = checkpoint.restore_arrays(attention_run)
-  variables = {'params': state['params']}
+  # The run kept a parameter average, which evaluation (and so the figure) uses.
+  variables = {'params': state['ema_params']}
   batch = task.preprocess(pipeline.read_batch(eval_source, np.array([0, 3])))
   decoded, weights = plot_attention.decode_with_attention(task, module, variables, batch)
   # The decoded tokens are the task's greedy decoding; each row of weights is a distribution
@@ -71,6 +75,8 @@ def test_indices_outside_the_split_and_models_without_attention_are_one_sentence
   with pytest.raises(ValueError, match=r'^--indices \[2000\] are outside the eval split, which '
                                        r'has 2000 examples\.$'):
     plot_attention.plot(attention_run, [0, 2000], str(tmp_path / 'a.png'))
+  with pytest.raises(ValueError, match=r'^--indices \[-1\] are outside the eval split'):
+    plot_attention.plot(attention_run, [0, -1], str(tmp_path / 'a.png'))
   plain = _run(tmp_path_factory, data_dir, 'none')
   with pytest.raises(ValueError, match='has no attention to plot'):
     plot_attention.plot(plain, [0], str(tmp_path / 'b.png'))
@@ -107,10 +113,13 @@ def test_each_row_is_labelled_with_the_token_decoded_there(attention_run, tmp_pa
   eos, pad, bos = seq2seq.EOS_ID, seq2seq.PAD_ID, seq2seq.BOS_ID
   decode = plot_attention.decode_with_attention
 
+  given = []
+
   def crafted(task, module, variables, batch):
     decoded, weights = decode(task, module, variables, batch)
     decoded = np.full_like(decoded, ord('-'))  # no EOS
     decoded[0, :5] = [ord('A'), pad, bos, ord('B'), eos]
+    given.append((weights, np.asarray(batch['source_length'])))
     return decoded, weights
   figures = []
   monkeypatch.setattr(plot_attention, 'decode_with_attention', crafted)
@@ -119,8 +128,13 @@ def test_each_row_is_labelled_with_the_token_decoded_there(attention_run, tmp_pa
   axes = [ax for ax in figures[0].axes if ax.images]
   num_steps = loop.read_config(attention_run).task.max_target_length + 1
   expected = [['A', 'PAD', 'BOS', 'B', 'EOS'], ['-'] * num_steps]
-  for ax, labels in zip(axes, expected, strict=True):
+  [(weights, source_lengths)] = given
+  assert source_lengths[0] != source_lengths[1]
+  for k, (ax, labels) in enumerate(zip(axes, expected, strict=True)):
     assert ax.images[0].get_array().shape[0] == len(labels)
+    # Example k's weights of its labelled rows over its own source characters.
+    np.testing.assert_array_equal(ax.images[0].get_array(),
+                                  weights[k, :len(labels), :source_lengths[k]])
     assert [t.get_text() for t in ax.get_yticklabels()] == labels
     assert list(ax.get_yticks()) == list(range(len(labels)))
 
@@ -151,3 +165,21 @@ def test_a_model_that_records_no_weights_is_refused_before_the_checkpoint_is_rea
       f"The model Seq2Seq of the run in {plain!r} has no attention to plot "
       "(config.model.attention='none'); train one with config.model.attention='dot' or "
       "'additive'."))
+
+
+def test_row_labels_show_printable_characters_and_name_the_special_tokens():
+  eos, pad, bos = seq2seq.EOS_ID, seq2seq.PAD_ID, seq2seq.BOS_ID
+  # Printable ASCII is 32 (space) … 126 ('~'); 127 (DEL) and other control ids are not.
+  assert plot_attention.row_labels([ord(' '), ord('~'), 127, 31, pad, bos, ord('x')]) == [
+      ' ', '~', '?', '?', 'PAD', 'BOS', 'x']
+  assert plot_attention.row_labels([ord('a'), eos, ord('b')]) == ['a', 'EOS']  # to the first EOS
+
+
+def test_the_command_accepts_example_0_and_writes_into_the_work_directory(tmp_path, monkeypatch):
+  # Index 0, the first example of the split (and of the default --indices), is allowed.
+  calls = []
+  monkeypatch.setattr(plot_attention, 'FLAGS', types.SimpleNamespace(
+      workdir=str(tmp_path), indices=['0', '2'], output=None))
+  monkeypatch.setattr(plot_attention, 'plot', lambda *args: calls.append(args) or [])
+  plot_attention.main(['plot_attention'])
+  assert calls == [(str(tmp_path), [0, 2], str(tmp_path / 'attention.png'))]

@@ -10,7 +10,8 @@ import pytest
 
 from experiments import plot_filters
 from models.vision import resnet
-from tests.experiments.test_recompute_batch_stats import trained_run  # pylint: disable=unused-import
+from tests.experiments.test_recompute_batch_stats import (  # pylint: disable=unused-import
+    augmented_ema_run)
 from tests.messages import assert_one_sentence
 from train import checkpoint
 
@@ -31,9 +32,10 @@ def test_first_conv_is_the_stem_and_its_maps_are_the_correlation():
   np.testing.assert_allclose(maps, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_writes_the_figure_of_a_run(trained_run, data_dir, tmp_path, monkeypatch):
+def test_writes_the_figure_of_a_run(augmented_ema_run, data_dir, tmp_path, monkeypatch):
   # Test image 8 (label 3; image 0 is a 1 and training image 8 an 8), as the digits task
-  # prepares it: the raw 0..16 pixels times input_scale = 1/16, read here from the data set.
+  # prepares it for evaluation: the raw 0..16 pixels times input_scale = 1/16, read here from
+  # the data set, not flipped as the run's training augmentation flips every image.
   import data  # pylint: disable=g-import-not-at-top
   record = data.load('digits', 'test', data_dir=data_dir)[8]
   expected = np.asarray(record['image'], np.float32)[None] / 16
@@ -52,7 +54,7 @@ def test_writes_the_figure_of_a_run(trained_run, data_dir, tmp_path, monkeypatch
   monkeypatch.setattr(plot_filters, 'first_conv', recording)
   monkeypatch.setattr(plot_filters.plt, 'close', lambda fig: (figures.append(fig), close(fig)))
   output = str(tmp_path / 'filters.png')
-  what = plot_filters.plot(trained_run, 8, output)
+  what = plot_filters.plot(augmented_ema_run, 8, output)
   assert len(seen) == 1 and len(seen[0]) == 1
   np.testing.assert_array_equal(seen[0][0], expected)
   titles = [ax.get_title() for ax in figures[0].axes]
@@ -60,19 +62,24 @@ def test_writes_the_figure_of_a_run(trained_run, data_dir, tmp_path, monkeypatch
   assert os.path.getsize(output) > 1000 and '4 kernels of 3×3' in what
   # The panels show the input, then each kernel's input channel 0, then each kernel's map.
   kernel, maps = found[0]
+  # The kernels of the parameter average the run kept (evaluation's), not of the parameters.
+  saved = checkpoint.restore_arrays(augmented_ema_run)
+  np.testing.assert_array_equal(kernel, saved['ema_params']['stem_conv']['kernel'])
+  assert not np.allclose(kernel, saved['params']['stem_conv']['kernel'], rtol=0.1)
   shown = [np.asarray(ax.images[0].get_array()) for ax in figures[0].axes if ax.images]
   assert len(shown) == 1 + 4 + 4
   np.testing.assert_array_equal(shown[0], expected[0, :, :, 0])
   for k in range(4):
     np.testing.assert_array_equal(shown[1 + k], kernel[:, :, 0, k])
     np.testing.assert_array_equal(shown[5 + k], maps[:, :, k])
-  assert 'step 3' in what and checkpoint.restore_arrays(trained_run)['step'] == 3
+  assert 'step 3' in what and saved['step'] == 3
 
 
-def test_an_index_outside_the_eval_split_is_one_sentence(trained_run, tmp_path):
-  with pytest.raises(ValueError, match=r'^--index=360 is outside the eval split, which has 360 '
-                                       r'examples\.$'):
-    plot_filters.plot(trained_run, 360, str(tmp_path / 'f.png'))
+@pytest.mark.parametrize('index', [360, -1])
+def test_an_index_outside_the_eval_split_is_one_sentence(augmented_ema_run, tmp_path, index):
+  with pytest.raises(ValueError, match=rf'^--index={index} is outside the eval split, which has '
+                                       r'360 examples\.$'):
+    plot_filters.plot(augmented_ema_run, index, str(tmp_path / 'f.png'))
 
 
 def test_a_run_that_is_not_an_image_classifier_is_one_sentence(tmp_path):

@@ -145,7 +145,9 @@ def test_every_run_reconstructs_the_same_clean_test_images_from_its_checkpoint(t
   import data as data_lib  # pylint: disable=g-import-not-at-top
   # The denoising run's task masks 30% of the pixels of training batches; the figure must not.
   denoising = _fake_run(str(tmp_path / 'dae'), _config(data_dir, 'denoising_autoencoder'))
-  vae = _fake_run(str(tmp_path / 'vae'), _config(data_dir, 'vae'))
+  vae_config = _config(data_dir, 'vae')
+  vae_config.ema_decay = 0.99  # its checkpoint holds an independent random parameter average
+  vae = _fake_run(str(tmp_path / 'vae'), vae_config)
   data = plot_reconstructions.run([denoising, vae], 4, 0, str(tmp_path / 'figure.png'))
   assert os.path.getsize(tmp_path / 'figure.png') > 5000
 
@@ -159,11 +161,12 @@ def test_every_run_reconstructs_the_same_clean_test_images_from_its_checkpoint(t
   assert len(set(chosen)) == 4
   assert data['labels'] == ['denoising_autoencoder', 'vae'] and data['steps'] == [2, 2]
 
-  # Each run's rows from its own checkpoint and its own task's inputs: the VAE task's x is
-  # pixels/255 (no dequantisation in this config), the same images.
-  for r, (workdir, x) in enumerate([(denoising, pixels[chosen] / 16),
-                                    (vae, pixels[chosen] / 255)]):
-    logits_NxD = _numpy_logits(checkpoint.restore_arrays(workdir)['params'], x)
+  # Each run's rows from its own checkpoint (the parameter average, when the run kept one, as
+  # evaluation uses) and its own task's inputs: the VAE task's x is pixels/255 (no
+  # dequantisation in this config), the same images.
+  for r, (workdir, x, params) in enumerate([(denoising, pixels[chosen] / 16, 'params'),
+                                            (vae, pixels[chosen] / 255, 'ema_params')]):
+    logits_NxD = _numpy_logits(checkpoint.restore_arrays(workdir)[params], x)
     # float32 against float64, N(0, 1) weights on 64 pixels: measured max errors 8.9e-8
     # (images) and relative 1.6e-8 (cross-entropies of 56 … 68 nats); tolerances 1e-6 and
     # relative 1e-6.
@@ -205,6 +208,11 @@ def test_a_bad_num_is_one_sentence(tmp_path, monkeypatch, num):
       f'error: --num={num} is not allowed; reconstruct from 1 to 32 images.')
 
 
+@pytest.mark.parametrize('num', [1, 32])
+def test_one_and_32_images_are_allowed(tmp_path, num):
+  assert plot_reconstructions._check_workdirs([str(tmp_path)], num) == [str(tmp_path)]
+
+
 def test_a_negative_seed_is_one_sentence_naming_the_flag(tmp_path, monkeypatch):
   # It was NumPy's 'error: expected non-negative integer', after every run was built.
   assert _error([tmp_path], monkeypatch, seed=-1) == (
@@ -233,6 +241,16 @@ def test_runs_on_other_images_are_one_sentence(tmp_path, data_dir, monkeypatch):
   assert _error([first, second], monkeypatch) == (
       f"error: All runs must reconstruct the same test images, but '{first}' evaluates on "
       f"digits/test and '{second}' on mnist/test.")
+
+
+def test_runs_on_another_split_are_one_sentence(tmp_path, data_dir, monkeypatch):
+  first = _fake_run_directory(tmp_path / 'a', _config(data_dir, 'sparse_autoencoder'))
+  config = _config(data_dir, 'contractive_autoencoder')
+  config.data.eval_split = 'train'
+  second = _fake_run_directory(tmp_path / 'b', config)
+  assert _error([first, second], monkeypatch) == (
+      f"error: All runs must reconstruct the same test images, but '{first}' evaluates on "
+      f"digits/test and '{second}' on digits/train.")
 
 
 def test_runs_of_other_image_shapes_and_a_gaussian_vae_are_one_sentence(tmp_path, data_dir,

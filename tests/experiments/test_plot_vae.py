@@ -111,6 +111,7 @@ def _config(data_dir, model_name='vae'):
   config.model.image_shape = (8, 8, 1)
   config.task.iwae_samples = 2
   config.global_batch_size, config.eval_batch_size = 8, 8
+  config.ema_decay = 0.99  # the checkpoint holds an independent random parameter average
   if model_name != 'vae':
     config = digits_mlp.get_config()
     config.data.data_dir = data_dir
@@ -133,7 +134,8 @@ def test_the_figure_of_a_run_uses_its_test_images_dequantised_and_its_checkpoint
   # Dequantised as the run's task does: x = (pixel + u)/256, u ~ U[0, 1), so ⌊256 x⌋ = pixel.
   np.testing.assert_array_equal(np.floor(256 * data['inputs'].astype(np.float64)), pixels[:5])
   assert np.std(256 * data['inputs'] - pixels[:5]) > 0.2  # U[0, 1) has σ = 0.29, not 0
-  params = checkpoint.restore_arrays(vae_run)['params']
+  # The parameter average the run kept, which evaluation uses, not the parameters.
+  params = checkpoint.restore_arrays(vae_run)['ema_params']
   mean_5x2 = _numpy_encoder_mean(params, data['inputs'])
   # float32 against float64 with N(0, 1) weights: measured max errors 1.1e-7 (images) and
   # 2.3e-7 (μ, |μ| up to 2.5); tolerance 1e-5.
@@ -175,9 +177,33 @@ def test_a_run_of_another_model_is_one_sentence(tmp_path, data_dir, monkeypatch)
       f"error: The run in '{tmp_path}' trained model 'mlp', not 'vae'.")
 
 
-def test_a_bad_num_is_one_sentence(tmp_path, monkeypatch):
-  assert _error(tmp_path, monkeypatch, num=0) == (
-      'error: --num=0 is not allowed; reconstruct from 1 to 32 images.')
+@pytest.mark.parametrize('num', [0, 33])
+def test_a_bad_num_is_one_sentence(tmp_path, monkeypatch, num):
+  assert _error(tmp_path, monkeypatch, num=num) == (
+      f'error: --num={num} is not allowed; reconstruct from 1 to 32 images.')
+
+
+@pytest.mark.parametrize('num', [1, 32])
+def test_one_and_32_images_are_allowed(tmp_path, monkeypatch, num):
+  # Past the check of --num: the next one, of the work directory, refuses.
+  assert _error(tmp_path / 'nowhere', monkeypatch, num=num) == (
+      f"error: The work directory '{tmp_path / 'nowhere'}' does not exist.")
+
+
+def test_the_mosaic_puts_image_r_c_at_its_cell_with_white_lines_between():
+  images = np.random.default_rng(0).uniform(-0.5, 1.5, size=(2, 3, 4, 5, 1)).astype(np.float32)
+  canvas = plot_vae.mosaic(images)
+  assert canvas.shape == (2 * 5 - 1, 3 * 6 - 1)  # one pixel between cells, none around
+  white = np.ones(canvas.shape, bool)
+  for r in range(2):
+    for c in range(3):
+      cell = canvas[5 * r:5 * r + 4, 6 * c:6 * c + 5]
+      np.testing.assert_array_equal(cell, np.clip(images[r, c, ..., 0], 0, 1))
+      white[5 * r:5 * r + 4, 6 * c:6 * c + 5] = False
+  assert np.all(canvas[white] == 1)
+  colour = plot_vae.mosaic(images[..., [0, 0, 0]], pad=2)
+  assert colour.shape == (2 * 6 - 2, 3 * 7 - 2, 3)
+  np.testing.assert_array_equal(colour[6:10, 7:12, 1], np.clip(images[1, 1, ..., 0], 0, 1))
 
 
 @pytest.mark.parametrize('name', ['folder', 'figure.pngg'])

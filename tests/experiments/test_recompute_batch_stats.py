@@ -206,6 +206,42 @@ def test_a_run_without_checkpoint_is_one_sentence(tmp_path, data_dir, monkeypatc
   assert 'no checkpoint' in _error(workdir, monkeypatch)
 
 
+def test_a_checkpoint_folder_without_a_step_is_one_sentence(tmp_path, data_dir, monkeypatch):
+  # Only numbered folders are checkpoints (a save interrupted leaves others).
+  workdir = tmp_path / 'w'
+  (workdir / 'checkpoints' / '3.orbax-checkpoint-tmp').mkdir(parents=True)
+  (workdir / 'config.json').write_text(_config(data_dir, _TINY_RESNET).to_json())
+  assert 'no checkpoint' in _error(workdir, monkeypatch)
+
+
+def test_every_example_of_the_training_split_is_allowed(trained_run, monkeypatch):
+  # --examples=1437, the whole split, passes the checks and goes on to read the checkpoint.
+  class Reached(Exception):
+    pass
+
+  def reached(*args, **kwargs):
+    raise Reached()
+  monkeypatch.setattr(checkpoint, 'restore_arrays', reached)
+  with pytest.raises(Reached):
+    script.recompute(trained_run, examples=1437)
+
+
+def test_the_record_reports_what_the_recomputation_did(trained_run, monkeypatch):
+  # With all examples (--examples not given), the record's counts are the recomputation's own;
+  # statistics returned unchanged leave the metrics as they were.
+  from train import batch_stats  # pylint: disable=g-import-not-at-top
+  info = {'examples': 1437, 'passes': 2, 'converged': False, 'changes': [0.5, 0.25],
+          'layers': ['a', 'b', 'c']}
+  monkeypatch.setattr(batch_stats, 'recompute_batch_stats',
+                      lambda module, variables, *a, **k: (variables['batch_stats'], info))
+  record = script.recompute(trained_run, max_passes=2)
+  assert record['options'] == {'examples': None, 'max_passes': 2, 'batch_size': None}
+  assert (record['train_examples'], record['passes'], record['converged'],
+          record['largest_change_per_pass'], record['batch_norm_layers']) == (
+              1437, 2, False, [0.5, 0.25], 3)
+  assert record['after'] == record['before']
+
+
 def test_a_model_without_batch_norm_is_one_sentence(tmp_path, data_dir, monkeypatch):
   workdir = tmp_path / 'w'
   (workdir / 'checkpoints' / '3').mkdir(parents=True)

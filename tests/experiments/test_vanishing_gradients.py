@@ -145,6 +145,7 @@ def test_bad_flags_are_refused_when_parsed(flag, message):
   with pytest.raises(flags.IllegalFlagValueError, match=re.escape(message)):
     parse(flag)
   assert parse('--delay=11', '--scales=0.5,3').delay == 11  # the largest delay; scales parse
+  assert parse('--delay=0').delay == 0  # the target is the input of the same step
 
 
 @pytest.mark.parametrize('name, message', [
@@ -212,3 +213,59 @@ def test_a_large_lstm_forget_gate_bias_keeps_the_cell():
     _, jacobians = vg.step_jacobians(step, variables, vg.initial_state(cell, C), x_TxC)
     log10_norms = np.asarray(vg.log10_jacobian_norms(jacobians))
     assert check(log10_norms), (bias, log10_norms)
+
+
+def test_the_curve_is_the_geometric_mean_over_the_input_sequences(monkeypatch):
+  # Per-sequence log10 norms 10⁻² and 10⁰ at d = 1 average to −1 (the geometric mean 0.1),
+  # not to log10 of the arithmetic mean 0.505; the program sees [samples, length, C] inputs.
+  log10_NxT = np.array([[-2.0, -4.0, -6.0], [0.0, -1.0, 1.0]])
+  seen = []
+
+  def program(kind, features, in_features):
+    seen.append((kind, features, in_features))
+    return lambda variables, x_NxTxC: seen.append(x_NxTxC.shape) or jnp.asarray(log10_NxT)
+
+  monkeypatch.setattr(vg, '_norms_program', program)
+  monkeypatch.setattr(vg, 'make_cell', lambda *args: (None, {}))
+  curve = vg.mean_log10_norms('elman', H, C, 3, 2, jax.random.key(0), scale=1.0)
+  np.testing.assert_allclose(curve, [-1.0, -2.5, -2.5], rtol=1e-6)
+  assert seen == [('elman', H, C), (2, 3, C)]
+
+
+def test_the_reported_loss_is_the_squared_error_per_step_and_divergence_is_flagged():
+  """The batch and program of the clipping test: the loss of step 1 is that of the initial
+  parameters, Σ_k (ŷ_t − y_t)² averaged over the batch and the T steps (a NumPy forward pass);
+  a huge learning rate leaves some parameters infinite, which `finite` reports."""
+  params = vg.bptt.init_params(jax.random.key(5), 1, H, 1, recurrent_scale=3.0)
+  key = jax.random.key(6)
+  kwargs = dict(steps=1, batch=4, length=20, delay=2, clip_norm=0.0, key=key)
+  losses, _, finite, _ = vg.train(params, learning_rate=1.0, **kwargs)
+  x, targets = (np.asarray(a, np.float64)
+                for a in vg.delay_task(jax.random.split(key, 1)[0], 4, 20, 2))
+  p = {name: np.asarray(value, np.float64) for name, value in params.items()}
+  h, errors = np.zeros((4, H)), []
+  for t in range(20):
+    h = np.tanh(x[:, t] @ p['W_xh'].T + h @ p['W_hh'].T + p['b_h'])
+    errors.append(np.sum((h @ p['W_hy'].T + p['b_y'] - targets[:, t]) ** 2, axis=-1))
+  assert losses.shape == (1,) and finite.all()
+  np.testing.assert_allclose(losses[0], np.mean(errors), rtol=1e-5)
+  _, _, finite, diverged = vg.train(params, learning_rate=3e37, **kwargs)
+  leaves_finite = [bool(np.all(np.isfinite(leaf))) for leaf in jax.tree.leaves(diverged)]
+  assert any(leaves_finite) and not all(leaves_finite)  # |∂L/∂b_y| < 5 < |∂L/∂W_xh|
+  assert finite.tolist() == [False]
+
+
+def test_each_gated_curve_gets_the_gate_bias_its_label_names():
+  # (label, kind, scale, gate bias, …): 'b_f = 3' must be an LSTM with forget-gate bias 3, a
+  # default init a bias of 0, and the linear and Elman curves their scales.
+  for label, kind, scale, gate_bias, _, axis in vg.panel_a_models((0.5, 2.0)):
+    if kind in ('lstm', 'gru'):
+      assert (scale, axis) == (None, 1), label
+      name = 'b_f' if kind == 'lstm' else 'b_z'
+      assert label.startswith('LSTM' if kind == 'lstm' else 'GRU'), label
+      expected = 0.0 if 'default init' in label else float(label.split(f'{name} = ')[1])
+      assert gate_bias == expected, label
+    else:
+      assert (gate_bias, axis) == (0.0, 0) and f'W_hh = {scale:g}·Q' in label, label
+  labels = [m[0] for m in vg.panel_a_models((0.5, 2.0))]
+  assert sum('b_f = ' in l for l in labels) == 3 and sum('b_z = ' in l for l in labels) == 2
