@@ -128,6 +128,27 @@ def test_dropout_acts_only_in_training_and_rescales_the_kept_features():
   assert np.all(kept | (dropped == 0)) and 0 < kept[z0 > 0].mean() < 1
 
 
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+  options = dict(channels=(6, 6), kernel_sizes=(5, 3), strides=(2, 2), batch_norm=True)
+  model, reference = CNN1D(**options, dtype=jnp.bfloat16), CNN1D(**options)
+  x = np.random.default_rng(10).normal(size=(4, 40)).astype(np.float32)
+  variables = reference.init(jax.random.PRNGKey(11), jnp.zeros((1, 40)))
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(11), jnp.zeros((1, 40)))
+  assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(shapes))
+  logits, state = model.apply(variables, x, capture_intermediates=True, mutable=['intermediates'])
+  assert logits.dtype == jnp.float32
+  # Every convolution and BatchNorm, and the head, compute in bfloat16 (8 significant bits).
+  outputs = {jax.tree_util.keystr(path[:1]): a.dtype
+             for path, a in jax.tree_util.tree_flatten_with_path(state['intermediates'])[0]
+             if len(path) > 2}
+  assert sorted(outputs) == sorted(f"['{name}']" for name in
+                                   ('Conv_0', 'Conv_1', 'BatchNorm_0', 'BatchNorm_1', 'Dense_0'))
+  assert all(dtype == jnp.bfloat16 for dtype in outputs.values()), outputs
+  expected = reference.apply(variables, x)
+  difference = np.max(np.abs(logits - expected))
+  assert 0 < difference < 0.05 * np.max(np.abs(expected)), difference
+
+
 @pytest.mark.parametrize('options, fragment', [
     (dict(channels=(8, 8), kernel_sizes=(3,), strides=(1, 1)), 'as many kernel_sizes'),
     (dict(channels=(8, 0, 8)), 'channels must be positive'),

@@ -45,6 +45,20 @@ def test_maxout_equals_brute_force_loop():
   np.testing.assert_allclose(model.apply(variables, x_BxD), expected, **TOL)
 
 
+def test_maxout_acts_on_the_last_axis_of_inputs_with_several_leading_axes():
+  features, pieces = 3, 2
+  model = layers.Maxout(features=features, pieces=pieces)
+  x_BxTxD = _normal(18, (2, 4, 5))
+  variables = model.init(jax.random.key(0), x_BxTxD)
+  w = np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
+  b = np.asarray(variables['params']['Dense_0']['bias'], np.float64)
+  expected = np.empty((2, 4, features))
+  for n, t, j in np.ndindex(expected.shape):
+    expected[n, t, j] = max(x_BxTxD[n, t] @ w[:, j * pieces + i] + b[j * pieces + i]
+                            for i in range(pieces))
+  np.testing.assert_allclose(model.apply(variables, x_BxTxD), expected, **TOL)
+
+
 @pytest.mark.parametrize('alpha', [0.0, 0.05])
 def test_maxout_generalises_relu_and_leaky_relu(alpha):
   # Pieces (w, b) and α(w, b): max{z, αz} is the (leaky) ReLU of z.

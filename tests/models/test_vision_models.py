@@ -225,6 +225,18 @@ def test_alexnet_given_images_of_another_size_than_at_init_is_one_sentence():
   assert str(error.value).splitlines()[0] == message
 
 
+@pytest.mark.parametrize('width_multiplier, widths', [
+    # 64·0.3 = 19.2, 192·0.3 = 57.6, 384·0.3 = 115.2, 256·0.3 = 76.8, 1024·0.3 = 307.2: rounded to
+    # the nearest integer (57.6 and 76.8 up); 0.001 would round every width to 0, kept at 1.
+    (0.3, [19, 58, 115, 77, 77, 307, 307]), (0.001, [1] * 7)])
+def test_alexnet_widths_are_rounded_to_the_nearest_integer_and_at_least_one(width_multiplier,
+                                                                          widths):
+  model = AlexNet(10, width_multiplier=width_multiplier)
+  params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 28, 28, 1)))['params']
+  names = [f'Conv_{i}' for i in range(5)] + ['Dense_0', 'Dense_1']
+  assert [params[name]['kernel'].shape[-1] for name in names] == widths
+
+
 # ----------------------------------------------------------------------------- ResNet
 
 
@@ -361,6 +373,21 @@ def test_bottleneck_block_zero_init_and_last_scales():
     np.testing.assert_array_equal(params[stage_block]['BatchNorm_2']['scale'], np.zeros(4 * width))
     np.testing.assert_array_equal(params[stage_block]['BatchNorm_1']['scale'], np.ones(width))
     np.testing.assert_array_equal(params[stage_block]['shortcut_norm']['scale'], np.ones(4 * width))
+
+
+def test_convolutions_start_from_he_normal_in_fan_out_mode():
+  # He et al. 2015, fan-out mode as torchvision: zero-mean normal with std √(2 / (k·k·c_out)).
+  # Every kernel here widens (c_in < c_out), so fan-in mode would be 2–4 times wider.
+  model = resnet.ResNet(3, stage_sizes=(1,), stage_widths=(64,), stem_width=16,
+                        small_input_stem=True)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 4, 4, 3)))['params']
+  block = params['stage1_block1']
+  for kernel in (params['stem_conv']['kernel'], block['Conv_0']['kernel'],
+                 block['shortcut_conv']['kernel']):  # 3×3×3×16, 3×3×16×64, 1×1×16×64
+    k, _, _, c_out = kernel.shape
+    std = float(np.std(np.asarray(kernel, np.float64)))
+    # ≥ 432 draws: the sample std is within 3.4% of the true one (one standard error).
+    assert abs(std / np.sqrt(2 / (k * k * c_out)) - 1) < 0.12, (kernel.shape, std)
 
 
 # Random γ (either sign), β, running μ and σ² for every BatchNorm: no γ = 0 hides a residual branch,

@@ -202,6 +202,33 @@ def test_parameter_count_matches_formula(pool, positions):
     assert count == 4949
 
 
+def test_without_bias_no_layer_has_one():
+  # use_bias=False removes the patch embedding's, every LayerNorm's and projection's and the
+  # head's bias: D + L·(2D + 4D + mlp + D) + D + K parameters fewer than the formula above.
+  model = tiny(use_bias=False)
+  variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, H, W, C)))
+  leaves = jax.tree_util.tree_flatten_with_path(nn.unbox(variables)['params'])[0]
+  assert not [jax.tree_util.keystr(path) for path, _ in leaves if path[-1].key == 'bias']
+  biases = D + 2 * (2 * D + 4 * D + 24 + D) + D + K
+  assert sum(leaf.size for _, leaf in leaves) == expected_param_count(
+      patch=P, channels=C, width=D, layers=2, mlp=24, tokens=N, classes=K, pool='cls',
+      learned=True) - biases
+
+
+def test_initialisation_of_the_embeddings_and_the_head():
+  # As big_vision's ViT: E and the head LeCun normal, std √(1 / fan_in) with fan_in = P·P·C
+  # and D; their biases and the class token 0; the learned E_pos N(0, 0.02²).
+  variables = init(tiny(num_classes=64), images())
+  params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables['params'])
+  for name, fan_in in (('patch_embed', P * P * C), ('head', D)):
+    kernel = params[name]['kernel']  # 768 and 1024 draws: std within 2.6% (one standard error)
+    assert abs(kernel.std() / np.sqrt(1 / fan_in) - 1) < 0.1, (name, kernel.std())
+    np.testing.assert_array_equal(params[name]['bias'], 0)
+  np.testing.assert_array_equal(params['class_token'], 0)
+  table = params['position_embed']['embedding']  # 7 × 16 draws: within 6.7%
+  assert table.shape == (N + 1, D) and abs(table.std() / 0.02 - 1) < 0.2, table.std()
+
+
 # ------------------------------------------------------------- the encoder sees a set
 
 
@@ -386,13 +413,15 @@ def test_registry_builds_vit_with_the_data_classes():
     registry.build('vit', data_defaults={'num_classes': 10}, num_classes=5)
 
 
-def test_image_not_divisible_by_patch_raises_before_compilation():
+@pytest.mark.parametrize('height, width', [(30, 28), (28, 30)])
+def test_image_not_divisible_by_patch_raises_before_compilation(height, width):
+  # Either side: a width of 30 was cut into 7 patches, dropping the last two pixel columns.
   model = tiny(patch_size=4)
-  message = ('ViT image size 30×28 is not divisible by patch_size=4; use a patch size that '
-             'divides both sides or resize the images.')
+  message = (f'ViT image size {height}×{width} is not divisible by patch_size=4; use a patch '
+             'size that divides both sides or resize the images.')
   # Raised while tracing (eval_shape compiles nothing); JAX appends a note on its own lines.
   with pytest.raises(ValueError) as error:
-    jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 30, 28, 1)))
+    jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, height, width, 1)))
   assert str(error.value).splitlines()[0] == message
 
 
