@@ -233,24 +233,17 @@ def _fake_run_directory(path, config):
   return path
 
 
-def test_runs_on_other_images_are_one_sentence(tmp_path, data_dir, monkeypatch):
+@pytest.mark.parametrize('field, value, evaluated', [('name', 'mnist', 'mnist/test'),
+                                                      ('eval_split', 'train', 'digits/train')])
+def test_runs_on_other_images_are_one_sentence(tmp_path, data_dir, monkeypatch, field, value,
+                                               evaluated):
   first = _fake_run_directory(tmp_path / 'a', _config(data_dir, 'sparse_autoencoder'))
   config = _config(data_dir, 'contractive_autoencoder')
-  config.data.name = 'mnist'
+  config.data[field] = value
   second = _fake_run_directory(tmp_path / 'b', config)
   assert _error([first, second], monkeypatch) == (
       f"error: All runs must reconstruct the same test images, but '{first}' evaluates on "
-      f"digits/test and '{second}' on mnist/test.")
-
-
-def test_runs_on_another_split_are_one_sentence(tmp_path, data_dir, monkeypatch):
-  first = _fake_run_directory(tmp_path / 'a', _config(data_dir, 'sparse_autoencoder'))
-  config = _config(data_dir, 'contractive_autoencoder')
-  config.data.eval_split = 'train'
-  second = _fake_run_directory(tmp_path / 'b', config)
-  assert _error([first, second], monkeypatch) == (
-      f"error: All runs must reconstruct the same test images, but '{first}' evaluates on "
-      f"digits/test and '{second}' on digits/train.")
+      f"digits/test and '{second}' on {evaluated}.")
 
 
 def test_runs_of_other_image_shapes_and_a_gaussian_vae_are_one_sentence(tmp_path, data_dir,

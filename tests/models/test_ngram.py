@@ -180,23 +180,18 @@ def test_sampling_follows_a_deterministic_corpus():
   assert ''.join(VOCAB[i] for i in drawn) == 'bcabcab'
 
 
-def test_sampling_from_a_prompt_shorter_than_the_context_reads_it_as_the_latest_ids():
-  # Order 3 after the single id "a": the history is (before the text, a), so the bigram
-  # level continues with "b", then the trigram levels with "c", "a", ... Read as (a, before
-  # the text), the first id would be a unigram draw, right with probability 1/3 only.
-  lm = ngram.NGramModel(ids('abc' * 20), vocab_size=5, order=3, smoothing='add_k', add_k=0.0)
-  for prompt, expected in [('a', 'bcabca'), ('b', 'cabcab'), ('c', 'abcabc')]:
-    for seed in range(5):
-      drawn = lm.sample(ids(prompt), 6, np.random.default_rng(seed))
-      assert ''.join(VOCAB[i] for i in drawn) == expected, (prompt, seed)
-
-
-def test_sampling_at_order_3_reads_the_last_two_ids_of_the_prompt():
-  # In "aabb" repeated, the id after "a" is "a" or "b", but the one after two ids is fixed:
-  # "aa" → "b", "ab" → "b", "bb" → "a", "ba" → "a". Read from the last prompt id alone, the
-  # first draw after "ba" or "aa" would not be certain.
-  lm = ngram.NGramModel(ids('aabb' * 20), vocab_size=5, order=3, smoothing='add_k', add_k=0.0)
-  for prompt, expected in [('ba', 'abbaab'), ('aa', 'bbaabb'), ('cab', 'baabba')]:
+@pytest.mark.parametrize('corpus, continuations', [
+    # Order 3 after the single id "a": the history is (before the text, a), so the bigram
+    # level continues with "b", then the trigram levels with "c", "a", ... Read as (a, before
+    # the text), the first id would be a unigram draw, right with probability 1/3 only.
+    ('abc', [('a', 'bcabca'), ('b', 'cabcab'), ('c', 'abcabc')]),
+    # In "aabb" repeated, the id after "a" is "a" or "b", but the one after two ids is fixed:
+    # "aa" → "b", "ab" → "b", "bb" → "a", "ba" → "a". Read from the last prompt id alone, the
+    # first draw after "ba" or "aa" would not be certain.
+    ('aabb', [('ba', 'abbaab'), ('aa', 'bbaabb'), ('cab', 'baabba')])])
+def test_sampling_at_order_3_reads_the_latest_two_ids_of_the_prompt(corpus, continuations):
+  lm = ngram.NGramModel(ids(corpus * 20), vocab_size=5, order=3, smoothing='add_k', add_k=0.0)
+  for prompt, expected in continuations:
     for seed in range(5):
       drawn = lm.sample(ids(prompt), 6, np.random.default_rng(seed))
       assert ''.join(VOCAB[i] for i in drawn) == expected, (prompt, seed)
