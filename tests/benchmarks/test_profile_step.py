@@ -1,14 +1,10 @@
 """benchmarks/profile_step.py sums a trace's device operations by kind, with the products'
 FLOPs of every traced call."""
 
-import contextlib
 import gzip
-import io
 import json
 import os
-import types
 
-from absl import flags
 import jax
 import jax.numpy as jnp
 import pytest
@@ -16,6 +12,7 @@ import pytest
 from benchmarks import hlo_dots
 from benchmarks import profile_step
 from benchmarks.hlo_dots import Dot
+from tests.subprocess_util import run_python
 
 
 def _write_trace(trace_dir, events):
@@ -147,43 +144,49 @@ def test_runtime_events_are_not_device_operations(tmp_path, name):
 
 
 def test_the_script_traces_its_steps_and_rates_the_products_read_from_the_compiled_step(
-    monkeypatch, tmp_path):
+    tmp_path):
   # A made-up run whose step is a loop of 3 products of 2·32³ FLOPs, traced over 2 steps: the
-  # table has --top rows, and the products line counts 3 calls and their FLOPs per step.
+  # table has --top rows, and the products line counts 3 calls and their FLOPs per step. In
+  # its own process: the script parses the process's flags.
   iterations, n = 3, 32
+  printed = run_python(f'''
+      import contextlib, io, json, types
+      from absl import flags
+      import jax, jax.numpy as jnp
+      from benchmarks import profile_step
 
-  def step(state, batch):
-    h = jax.lax.scan(lambda h, _: (jnp.tanh(h @ batch), None), state, None, length=iterations)[0]
-    return h, {'loss': h.sum()}
+      def step(state, batch):
+        h = jax.lax.scan(lambda h, _: (jnp.tanh(h @ batch), None), state, None,
+                         length={iterations})[0]
+        return h, {{'loss': h.sum()}}
 
-  par = types.SimpleNamespace(
-      init_state=lambda init_fn, rng: jnp.ones((n, n)), to_run_layout=lambda s: s,
-      abstract_state=lambda init_fn, rng: None, shard_batch=lambda b: b,
-      compile_train_step=lambda fn, abstract: jax.jit(step))
-  run = types.SimpleNamespace(parallel=par, init_fn=None, rng=None,
-                              train_step_fn=lambda: step, lock=types.SimpleNamespace(
-                                  release=lambda: None),
-                              train_iterator=lambda: iter([jnp.full((n, n), 0.01)]))
-  monkeypatch.setattr(profile_step, 'runs', types.SimpleNamespace(setup=lambda c, w: run))
-  # XLA's flags are this process's, its backend started by the tests before.
-  monkeypatch.setattr(profile_step, 'xla_cpu', types.SimpleNamespace(
-      keep_convolutions_off_ynnpack=lambda: None))
-  printed = {}
-  for top in (1, 100):
-    flags.FLAGS(['profile_step.py', '--config=experiments/configs/digits_mlp.py', '--steps=2',
-                 f'--top={top}', f'--trace_dir={tmp_path / str(top)}'])
-    out = io.StringIO()
-    try:
-      with contextlib.redirect_stdout(out):
-        profile_step.main([])
-    finally:
-      flags.FLAGS.unparse_flags()
-    printed[top] = out.getvalue().splitlines()
+      par = types.SimpleNamespace(
+          init_state=lambda init_fn, rng: jnp.ones(({n}, {n})), to_run_layout=lambda s: s,
+          abstract_state=lambda init_fn, rng: None, shard_batch=lambda b: b,
+          compile_train_step=lambda fn, abstract: jax.jit(step))
+      run = types.SimpleNamespace(
+          parallel=par, init_fn=None, rng=None, train_step_fn=lambda: step,
+          lock=types.SimpleNamespace(release=lambda: None),
+          train_iterator=lambda: iter([jnp.full(({n}, {n}), 0.01)]))
+      profile_step.runs = types.SimpleNamespace(setup=lambda c, w: run)
+      # XLA's flags are this process's, its backend already started.
+      profile_step.xla_cpu = types.SimpleNamespace(keep_convolutions_off_ynnpack=lambda: None)
+      printed = {{}}
+      for top in (1, 100):
+        flags.FLAGS(['profile_step.py', '--config=experiments/configs/digits_mlp.py',
+                     '--steps=2', f'--top={{top}}', f'--trace_dir={tmp_path}/{{top}}'])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+          profile_step.main([])
+        flags.FLAGS.unparse_flags()
+        printed[top] = out.getvalue().splitlines()
+      print(json.dumps(printed))
+      ''')
   for top, lines in printed.items():
     header = lines.index(next(line for line in lines if line.startswith('op kind')))
     end = lines.index(next(line for line in lines if line.startswith('traced op time per step')))
     rows = lines[header + 1:end]
-    assert len(rows) == 1 if top == 1 else len(rows) > 1
+    assert len(rows) == 1 if top == '1' else len(rows) > 1
     # The loop's own event, which spans its body's operations, is no row.
     assert not [row for row in rows if row.startswith('while')], rows
     products = next(line for line in lines if line.startswith('products: '))

@@ -111,7 +111,6 @@ def _config(data_dir, model_name='vae'):
   config.model.image_shape = (8, 8, 1)
   config.task.iwae_samples = 2
   config.global_batch_size, config.eval_batch_size = 8, 8
-  config.ema_decay = 0.99  # the checkpoint holds an independent random parameter average
   if model_name != 'vae':
     config = digits_mlp.get_config()
     config.data.data_dir = data_dir
@@ -120,8 +119,11 @@ def _config(data_dir, model_name='vae'):
 
 @pytest.fixture(scope='module')
 def vae_run(tmp_path_factory, data_dir):
-  """A tiny 2-D VAE run on digits whose checkpoint of step 2 holds random parameters."""
-  return fake_runs.save_random_run(_config(data_dir), str(tmp_path_factory.mktemp('digits_vae')))
+  """A tiny 2-D VAE run on digits whose checkpoint of step 2 holds random parameters and an
+  independent random parameter average."""
+  config = _config(data_dir)
+  config.ema_decay = 0.99
+  return fake_runs.save_random_run(config, str(tmp_path_factory.mktemp('digits_vae')))
 
 
 def test_the_figure_of_a_run_uses_its_test_images_dequantised_and_its_checkpoint(vae_run,
