@@ -384,3 +384,73 @@ def test_a_key_mask_of_the_wrong_length_batch_or_dtype_is_one_sentence(mask):
              + re.escape(str(mask.shape)) + r'\.')
   with pytest.raises(ValueError, match=message):
     layer.apply({'params': params}, x, causal=True, mask=mask)
+
+
+def test_check_of_option_values_and_positions_for_every_kind():
+  kinds.check('GPT', 'fixed', {'block': 1, 'summary': 1, 'query_blocks': 1})  # the smallest
+  with pytest.raises(ValueError, match='GPT attention_options.block must be a positive integer, '
+                                       'got 4.0.'):
+    kinds.check('GPT', 'local', {'block': 4.0})
+  # An option of other kinds: chunked attention takes no 'block'.
+  with pytest.raises(ValueError, match="has 'block', which attention='chunked' does not take"):
+    kinds.check('GPT', 'chunked', {'block': 64})
+  for kind, name in (('performer', 'orthogonal'), ('linformer', 'share_kv')):
+    with pytest.raises(ValueError, match=f'GPT attention_options.{name} must be True or False, '
+                                         'got 1.'):
+      kinds.check('GPT', kind, {name: 1})
+  for kind in kinds.KINDS:
+    # Rotary positions keep scores relative for every kind that scores by qᵀk: all but
+    # Linformer. ALiBi's bias reaches exact attention only.
+    if kind != 'linformer':
+      kinds.check('GPT', kind, causal=True, positions='rotary')
+    if kind != 'exact':
+      with pytest.raises(ValueError, match="GPT positions='alibi' adds a bias"):
+        kinds.check('GPT', kind, positions='alibi')
+
+
+def test_only_performer_reads_a_random_stream_and_only_exact_kinds_decode_from_the_cache():
+  # The cache decodes by exact attention over the cached keys: right for exact and chunked
+  # attention only, not for the sparse patterns or the approximations.
+  for kind in kinds.KINDS:
+    assert kinds.stream_names(kind) == (('features',) if kind == 'performer' else ()), kind
+    assert (kind in kinds.CACHED) == (kind in ('exact', 'chunked')), kind
+
+
+@pytest.mark.parametrize('kind, library, function', [
+    ('chunked', 'chunked_lib', 'chunked_attention'), ('linear', 'linear_lib', 'linear_attention'),
+    ('performer', 'performer_lib', 'performer_attention'),
+    ('linformer', 'linformer_lib', 'linformer_attention')])
+def test_each_kind_receives_the_key_mask_and_causality_it_is_given(monkeypatch, kind, library,
+                                                                  function):
+  # Cross-attention, 3 queries over 5 keys, not causal: each row's valid keys [B, S] from the
+  # mask [B, 1, 1, S]. Only the call is checked (the kind, its features and projections are
+  # replaced), which is cheap.
+  calls = []
+  monkeypatch.setattr(getattr(kinds, library), function,
+                      lambda q, *a, **kw: calls.append(kw) or jnp.zeros_like(q))
+  monkeypatch.setattr(kinds.performer_lib, 'draw_features', lambda *a: None)
+  monkeypatch.setattr(kinds.linformer_lib, 'LinformerProjections', lambda *a, **kw: lambda: (0, 0))
+  q = jnp.zeros((2, 3, 1, 4))
+  k = jnp.zeros((2, 5, 1, 4))
+  valid_BxS = np.array([[True, True, True, False, False], [True, False, True, True, True]])
+  kinds.Attend(kind).init(jax.random.PRNGKey(0), q, k, k, causal=False,
+                          mask=jnp.asarray(valid_BxS[:, None, None, :]))
+  (received,) = calls
+  assert received['causal'] is False
+  np.testing.assert_array_equal(received['key_valid_BxS'], valid_BxS)
+
+
+def test_no_keys_give_zeros_of_the_value_width_and_query_dtype():
+  # Value heads may be wider than query heads: [B, T, N, H_v], in the inputs' bfloat16.
+  q, k, v = (jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+             for shape in ((1, 2, 1, 4), (1, 0, 1, 4), (1, 0, 1, 6)))
+  out = jax.eval_shape(lambda q, k, v: kinds.Attend('linear').init_with_output(
+      jax.random.PRNGKey(0), q, k, v)[0], q, k, v)
+  assert (out.shape, out.dtype) == ((1, 2, 1, 6), jnp.bfloat16)
+
+
+def test_a_bias_on_a_kind_other_than_exact_is_refused():
+  # Chunked attention is exact attention, but takes no bias: it must not drop ALiBi silently.
+  q = jnp.zeros((1, 2, 1, 4))
+  with pytest.raises(ValueError, match="attention='chunked' takes no additive bias"):
+    kinds.Attend('chunked').init(jax.random.PRNGKey(0), q, q, q, bias=jnp.zeros((1, 2, 2)))

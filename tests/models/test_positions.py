@@ -37,6 +37,15 @@ def test_sinusoidal_matches_the_formula_loop():
   np.testing.assert_allclose(positions.sinusoidal(jnp.array([7, 8]), dim), expected[7:9], atol=5e-6)
 
 
+def test_sinusoidal_far_positions_keep_float32_angles():
+  # 4097 is neither a bfloat16 nor a float16 number (both round it to 4096): positions cast to
+  # either before the angles are taken turn the first frequency by a whole radian.
+  far, dim = [4097, 5003], 4
+  expected = [[f(p / 10000 ** (2 * i / dim)) for i in range(dim // 2) for f in (math.sin, math.cos)]
+              for p in far]
+  np.testing.assert_allclose(positions.sinusoidal(jnp.array(far), dim), expected, atol=1e-3)
+
+
 def test_sinusoidal_odd_width_raises():
   with pytest.raises(ValueError, match='even width, got 5'):
     positions.sinusoidal(jnp.arange(3), 5)
@@ -85,6 +94,14 @@ def test_alibi_bias_is_causal_by_default():
   # The default is the causal form −m·(p_q − p_k), signed: a later key gets +m per position.
   bias_NxTxS = np.asarray(positions.alibi_bias(1, jnp.array([2]), jnp.array([0, 4])))
   np.testing.assert_allclose(bias_NxTxS, [[[-2 / 256, 2 / 256]]], rtol=1e-6)
+
+
+def test_alibi_bias_is_exact_at_long_distances():
+  # Distances over 256 are not all bfloat16 numbers (1001 rounds to 1000): the bias of a long
+  # context must still be −m·(p_q − p_k) to float32 precision.
+  bias_NxTxS = np.asarray(positions.alibi_bias(2, jnp.array([1001, 4097]), jnp.array([0])))
+  np.testing.assert_allclose(bias_NxTxS[:, :, 0], [[-1001 / 16, -4097 / 16],
+                                                   [-1001 / 256, -4097 / 256]], rtol=1e-6)
 
 
 # ---- rotary ---------------------------------------------------------------------------------
@@ -169,3 +186,24 @@ def test_rotation_keeps_the_compute_dtype():
   # float32 rotation measured is 4.0e-3.
   np.testing.assert_allclose(np.asarray(rotated, np.float32),
                              positions.rotate(x_BxTxNxH, jnp.arange(3)), rtol=0, atol=2e-2)
+
+
+def test_bfloat16_rotation_takes_its_angles_in_float32():
+  # A bfloat16 q at a far position: angles taken in bfloat16 (the positions, or θ_j = 0.01 held
+  # as 0.0100098) are off by a radian or more, far beyond the bfloat16 rounding of the output.
+  x_H = np.array([1.0, 0.0, 0.0, 2.0])
+  far = [4097, 40961]
+  rotated = positions.rotate(jnp.asarray(np.tile(x_H, (1, 2, 1, 1)), jnp.bfloat16), jnp.array(far))
+  for t, p in enumerate(far):
+    # H = 4: pair 0 turns by p rad, pair 1 by p/100 rad (as in the golden rotation above).
+    np.testing.assert_allclose(np.asarray(rotated[0, t, 0], np.float32),
+                               [math.cos(p), math.sin(p), -2 * math.sin(p / 100),
+                                2 * math.cos(p / 100)], atol=2e-2, err_msg=f'position {p}')
+
+
+def test_learned_table_names_its_width_embed():
+  # The row added to x [B, T, D] ('batch', 'length', 'embed') shards its width as x does; the
+  # positions axis is not sharded. eval_shape: the names only, no table drawn.
+  variables = jax.eval_shape(positions.LearnedPositions(max_length=8, features=4).init,
+                             jax.random.PRNGKey(0), jnp.arange(3))
+  assert variables['params']['embedding'].names == (None, 'embed')
