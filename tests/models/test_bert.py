@@ -35,6 +35,9 @@ def _init(model, tokens, *args):
 
 def test_special_ids_follow_the_tokenizer_ids():
   assert (PAD, CLS, SEP, MASK) == (V, V + 1, V + 2, V + 3)
+  # By name, as the module doc fixes them (PAD … MASK above follow SPECIAL_TOKENS' own order).
+  assert [special_token_id(V, t) for t in ('[PAD]', '[CLS]', '[SEP]', '[MASK]')] == [
+      V, V + 1, V + 2, V + 3]
 
 
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
@@ -92,6 +95,34 @@ def test_padded_positions_do_not_change_the_other_logits(positions):
   # Control: the same positions holding a real token reach the others.
   real = apply(variables, padded.at[:, 4].set(7), segments)
   assert np.max(np.abs(real[:, :4] - unpadded)) > 1e-3
+
+
+def test_with_pad_the_only_special_token_padding_is_still_masked():
+  """num_special_tokens=1: id V is [PAD] and still masked out of attention. block0's key mask
+  is read by interception in one small compiled function, and no block runs."""
+  model = _bert(num_special_tokens=1, positions='none')
+  padded = jnp.array([[1, PAD, 3, PAD, PAD]])
+  shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.PRNGKey(0), padded)))
+  assert shapes['params']['output_bias'].shape == (V + 1,)
+
+  class Found(Exception):
+    """Carries block0's mask out of the model, before any block runs."""
+
+  def read_the_mask(next_fun, args, kwargs, context):
+    if context.module.name == 'block0':
+      raise Found(kwargs['mask'])
+    return next_fun(*args, **kwargs)
+
+  @jax.jit
+  def block0_mask(tokens):
+    try:
+      with nn.intercept_methods(read_the_mask):
+        model.apply(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), tokens)
+    except Found as found:
+      return found.args[0]
+
+  np.testing.assert_array_equal(np.broadcast_to(block0_mask(padded), (1, 1, 5, 5))[0, 0, 0],
+                                [True, False, True, False, False])
 
 
 def test_attention_is_bidirectional():
@@ -189,6 +220,15 @@ def test_head_is_tied_to_the_token_embedding():
 def test_bad_options_stop_inone_sentence():
   assert 'num_segments must be an integer >= 0, got -1' in one_sentence(
       lambda: _bert(num_segments=-1))
+  # True is an int to Python, but no count of segments (it would silently mean 1).
+  assert 'num_special_tokens must be an integer >= 0, got True' in one_sentence(
+      lambda: _bert(num_special_tokens=True))
+  # BERT is bidirectional, so Linformer attention (refused for the causal GPT) is allowed, its
+  # projections made for max_length positions, not for the length of the batch it saw first.
+  shapes = jax.eval_shape(_bert(attention='linformer').init, jax.random.PRNGKey(0),
+                          jnp.zeros((1, 8), jnp.int32))
+  projections = shapes['params']['block0']['self_attention']['attend']['projections']
+  assert nn.unbox(projections['proj_e']).shape[-1] == 16  # max_length
   assert 'num_special_tokens=5' in one_sentence(lambda: _bert(num_special_tokens=5))
   assert 'divisible by num_heads=3' in one_sentence(lambda: _bert(num_heads=3))
   assert "positions='relative'" in one_sentence(lambda: _bert(positions='relative'))

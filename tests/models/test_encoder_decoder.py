@@ -427,3 +427,10 @@ def test_targets_of_another_batch_than_the_source_are_one_sentence():
   with pytest.raises(ValueError, match=r"reads targets \[batch, length\] of the source's batch 3, "
                                        r'got targets of shape \(2, 6\)\.'):
     jax.eval_shape(lambda v: model.apply(v, TARGETS[:2], SOURCE, LENGTHS), variables)
+  more_targets = np.concatenate([TARGETS, TARGETS[:1]])  # a larger batch is as wrong
+  with pytest.raises(ValueError, match=r"of the source's batch 3, got targets of shape \(4, 6\)"):
+    jax.eval_shape(lambda v: model.apply(v, more_targets, SOURCE, LENGTHS), variables)
+  # One source sentence without its batch axis is named, not an IndexError further on.
+  with pytest.raises(ValueError, match=r'reads a source of token ids \[batch, length\], got '
+                                       r'int32 of shape \(9,\)\.'):
+    jax.eval_shape(lambda v: model.apply(v, TARGETS[:1], SOURCE[0], LENGTHS[:1]), variables)

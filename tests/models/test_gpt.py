@@ -249,13 +249,26 @@ def test_learned_positions_beyond_max_length_raise_and_sinusoidal_extrapolate():
     (dict(num_layers=0), 'num_layers must be a positive integer, got 0'),
     (dict(dropout_rate=1.0), 'dropout_rate must lie in \\[0, 1\\), got 1.0'),
     (dict(vocab_size=0), 'vocab_size must be a positive integer, got 0'),
+    (dict(vocab_size=12.5), 'vocab_size must be a positive integer, got 12.5'),
     # Only mlp_dim may be None (the default 4·D); a None layer count is refused at
     # construction, not left to fail inside the first call.
     (dict(num_layers=None), 'num_layers must be a positive integer, got None'),
+    (dict(max_length=0), 'max_length must be a positive integer, got 0'),
+    # Each projected Linformer key mixes every position, the future ones included.
+    (dict(attention='linformer'), 'GPT is causal and Linformer attention cannot be'),
 ])
 def test_bad_options_raise_at_construction(options, message):
   with pytest.raises(ValueError, match=message):
     tiny_gpt(**options)
+
+
+def test_generation_reads_max_length_tokens_and_uses_the_cache_of_exact_and_chunked_only():
+  # The sampler's protocol (train/sampling.py): `max_context` tokens at most, the cache only when
+  # `has_cache`; kernel approximations such as 'performer' keep no keys and values.
+  assert tiny_gpt().max_context == MAX_LENGTH
+  assert tiny_gpt(positions='rotary', max_length=5).max_context == 5
+  assert tiny_gpt().has_cache and tiny_gpt(attention='chunked').has_cache
+  assert not tiny_gpt(attention='performer').has_cache
 
 
 def test_bfloat16_compute_dtypes():

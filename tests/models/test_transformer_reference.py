@@ -25,6 +25,7 @@ import pytest
 from models.transformer.bert import BERT, special_token_id
 from models.transformer.blocks import TransformerBlock
 from models.transformer.gpt import GPT
+from tests.messages import one_sentence
 from tests.models.test_attention import draw, padding_allowed, reference_mha
 
 D, HEADS, MLP = 12, 3, 20  # head width 4; an MLP width that is not 4·D
@@ -160,6 +161,13 @@ def test_decoder_block_is_causal_self_attention_then_cross_attention_then_ffn(pr
   expected_BxTxD = reference_block(params, y_BxTxD, memory_BxSxD, pre_norm=pre_norm, causal=True,
                                    memory_allowed=memory_mask)
   np.testing.assert_allclose(out_BxTxD, expected_BxTxD, **TOL)
+
+
+def test_a_decoder_block_without_the_encoder_memory_is_one_sentence():
+  # Without the check, cross-attention would silently attend to the block's own input.
+  block = TransformerBlock(HEADS, MLP, cross_attention=True)
+  one_sentence(lambda: jax.eval_shape(block.init, jax.random.PRNGKey(0), np.zeros((B, T, D))),
+               'A decoder block with cross_attention needs the encoder memory.')
 
 
 # ---- whole models ----------------------------------------------------------------------------
