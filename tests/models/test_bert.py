@@ -217,18 +217,21 @@ def test_head_is_tied_to_the_token_embedding():
   assert changed[v] > 1e-2 and np.all(np.delete(changed, v) <= 1e-6), changed
 
 
-def test_bad_options_stop_inone_sentence():
-  assert 'num_segments must be an integer >= 0, got -1' in one_sentence(
-      lambda: _bert(num_segments=-1))
-  # True is an int to Python, but no count of segments (it would silently mean 1).
-  assert 'num_special_tokens must be an integer >= 0, got True' in one_sentence(
-      lambda: _bert(num_special_tokens=True))
+def test_linformer_projects_max_length_positions():
   # BERT is bidirectional, so Linformer attention (refused for the causal GPT) is allowed, its
   # projections made for max_length positions, not for the length of the batch it saw first.
   shapes = jax.eval_shape(_bert(attention='linformer').init, jax.random.PRNGKey(0),
                           jnp.zeros((1, 8), jnp.int32))
   projections = shapes['params']['block0']['self_attention']['attend']['projections']
   assert nn.unbox(projections['proj_e']).shape[-1] == 16  # max_length
+
+
+def test_bad_options_stop_inone_sentence():
+  assert 'num_segments must be an integer >= 0, got -1' in one_sentence(
+      lambda: _bert(num_segments=-1))
+  # True is an int to Python, but no count of segments (it would silently mean 1).
+  assert 'num_special_tokens must be an integer >= 0, got True' in one_sentence(
+      lambda: _bert(num_special_tokens=True))
   assert 'num_special_tokens=5' in one_sentence(lambda: _bert(num_special_tokens=5))
   assert 'divisible by num_heads=3' in one_sentence(lambda: _bert(num_heads=3))
   assert "positions='relative'" in one_sentence(lambda: _bert(positions='relative'))
