@@ -385,6 +385,36 @@ def test_attention_compiled_memory_is_temporaries_arguments_and_outputs_and_boun
   assert result['first_query'][0] < 1e-6 < 1e-3 < result['first_query'][1]
 
 
+def test_attention_scaling_runs_linformer_at_each_length_and_skips_it_when_causal():
+  # Timed for real, once each: Linformer's projections are made for the length measured
+  # (E and F: 256 × 512 at n = 512, its option projected_length = 256), and --causal leaves
+  # Linformer out of the table while exact attention is still measured.
+  result = run_python('''
+      import contextlib, io, json
+      import jax
+      from absl import flags
+      from benchmarks import attention_scaling
+      flags.FLAGS(['attention_scaling.py', '--kinds=exact,linformer', '--lengths=512',
+                   '--width=8', '--repeats=1', '--min_batch_seconds=0'])
+      _, (params, *_) = attention_scaling.attention_fn('linformer', 512, False)
+      tables = []
+      for causal in (False, True):
+        flags.FLAGS.causal = causal
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+          attention_scaling.main([])
+        tables.append(printed.getvalue().splitlines())
+      print(json.dumps({'shapes': jax.tree_util.tree_map(lambda a: list(a.shape), params),
+                        'tables': tables}))
+      ''')
+  assert result['shapes'] == {'params': {'projections': {'proj_e': [256, 512],
+                                                         'proj_f': [256, 512]}}}
+  for table, kinds in zip(result['tables'], (['exact', 'linformer'], ['exact'])):
+    rows = [line.split() for line in table[2:2 + len(kinds)]]
+    assert [row[0] for row in rows] == kinds and table[2 + len(kinds)] == ''
+    assert all(float(row[1]) > 0 for row in rows)  # a time in ms, not —
+
+
 def test_train_step_measures_the_configs_own_dtype_without_dtypes():
   result = run_python('''
       import json

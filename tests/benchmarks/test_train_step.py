@@ -48,12 +48,16 @@ def test_step_flops_count_every_micro_batch(data_dir, tmp_path):
   # compiled step's own count falls to about half (the first micro-batch, outside the scan,
   # and the body). The benchmark's count must be the whole global batch's. Dropout's random
   # bits come from loops over integers, which hold no FLOPs the count could miss and are not
-  # reported. (Its own process: the benchmark scripts each define absl flags of the same names.)
+  # reported. measure_step, the script's timing, reports the loop-free count too. (Its own
+  # process: the benchmark scripts each define absl flags of the same names.)
   result = run_python(f'''
       import json
+      from absl import flags
       from benchmarks import train_step
       from experiments.configs import digits_mlp
       from train import loop
+      flags.FLAGS(['train_step.py', '--config=experiments/configs/digits_mlp.py',
+                   '--pipeline_batches=1', '--noproducts_alone'])
 
       config = digits_mlp.get_config()
       config.data.data_dir = {data_dir!r}
@@ -65,10 +69,12 @@ def test_step_flops_count_every_micro_batch(data_dir, tmp_path):
       scanned = train_step.one_device_step(run, state, next(run.train_iterator()))
       run.lock.release()
       counted, loops_left = train_step.loop_free_step_flops(config)
+      measured = train_step.measure_step(config, steps=1)
       all_loops = sum(' while(' in line for line in scanned.as_text().splitlines())
       print(json.dumps({{'scanned': train_step.compiled_flops(scanned), 'all_loops': all_loops,
                         'scanned_loops': train_step.count_loops(scanned),
                         'counted': counted, 'loops_left': loops_left,
+                        'measured': [measured['flops'], measured['loops_left']],
                         'loops': train_step.loops_counted_once(config)}}))
       ''')
   assert result['loops'] == ['micro-batches as one batch']
@@ -77,6 +83,7 @@ def test_step_flops_count_every_micro_batch(data_dir, tmp_path):
   assert products < result['counted'] < 1.1 * products
   assert result['scanned'] < 0.6 * result['counted']
   assert result['loops_left'] == 0
+  assert result['measured'] == [result['counted'], 0]
 
 
 def test_a_recurrent_models_scan_is_unrolled_for_counting_when_its_config_leaves_unroll_out():

@@ -118,10 +118,12 @@ def test_random_features_refuses_a_split_seed_scikit_learn_cannot_take(tmp_path)
 @pytest.mark.parametrize('flag, message', [
     ('--gamma=inf', '--gamma must be positive and finite'),
     ('--ridge=inf', '--ridge must be finite'),
+    ('--svc_c=0', '--svc_c must be positive'),
 ])
-def test_random_features_refuses_an_infinite_gamma_or_ridge_at_parsing(tmp_path, flag, message):
-  # Each passed the flag checks and ended in scikit-learn's InvalidParameterError traceback
-  # after the data was loaded.
+def test_random_features_refuses_an_infinite_gamma_or_ridge_or_a_zero_c_at_parsing(
+    tmp_path, flag, message):
+  # The first two passed the flag checks and ended in scikit-learn's InvalidParameterError
+  # traceback after the data was loaded, as C = 0 would.
   result = subprocess.run(
       [sys.executable, '-m', 'experiments.random_features', f'--workdir={tmp_path}',
        '--num_features=10', '--draws=1', flag], cwd=REPO_ROOT,

@@ -176,6 +176,25 @@ def test_every_run_reconstructs_the_same_clean_test_images_from_its_checkpoint(t
                                _brute_force_cross_entropy(x, logits_NxD), rtol=1e-6)
 
 
+def test_32_images_are_32_different_test_images_chosen_by_the_seed(tmp_path, data_dir,
+                                                                     monkeypatch):
+  # The figure's images are the last batch read. 32 of the 360 test images drawn with
+  # replacement repeat one for most seeds (seeds 0 and 1 among them).
+  from data import pipeline  # pylint: disable=g-import-not-at-top
+  workdir = _fake_run(str(tmp_path / 'dae'), _config(data_dir, 'denoising_autoencoder'))
+  reads, read_batch = [], pipeline.read_batch
+  monkeypatch.setattr(pipeline, 'read_batch', lambda source, indices: reads.append(
+      (len(source), np.asarray(indices))) or read_batch(source, indices))
+  drawn = []
+  for seed in (0, 1):
+    data = plot_reconstructions.figure_data([workdir], 32, seed)
+    assert reads[-1][0] == 360 and len(data['inputs']) == 32
+    drawn.append(reads[-1][1])
+  for indices in drawn:
+    assert len(set(indices.tolist())) == 32 and 0 <= indices.min() <= indices.max() < 360
+  assert set(drawn[0].tolist()) != set(drawn[1].tolist())
+
+
 def _error(workdirs, monkeypatch, num=8, build=False, seed=0) -> str:
   def unreachable(*args, **kwargs):
     raise AssertionError('the run was loaded before the error')

@@ -142,6 +142,31 @@ def test_bfloat16_inputs_give_bfloat16_outputs_close_to_the_reference():
   np.testing.assert_allclose(np.asarray(out, np.float32), expected, atol=3e-2, rtol=0)
 
 
+@pytest.mark.parametrize('pattern, steps, block, summary, query, keys', [
+    ('local', 4, 2, 1, 3, (0, 3)),     # both keys in the query's neighbour blocks
+    ('strided', 8, 2, 1, 7, (7, 1)),   # key 1: the stride's keys, (7 − 1) mod 2 = 0
+    ('fixed', 8, 4, 1, 7, (7, 3))])    # key 3: the summary position of block 0
+def test_bfloat16_scores_of_every_part_are_float32(pattern, steps, block, summary, query, keys):
+  # Query `query` scores 100 and 100.25 on the two keys, −100 on every other: weights
+  # σ(∓0.25) = (0.4378, 0.5622) on values 0 and 1. The second key lies in the part named:
+  # its score rounded to bfloat16 (steps of 1 near 200 before the scale 1/√4) moves the weight
+  # to 0.5 or 0.68.
+  allowed = pattern_allowed(pattern, steps, block, True, summary)
+  assert allowed[query, list(keys)].all()
+  q = np.zeros((1, steps, 1, 4), np.float32)
+  q[0, query, 0] = [16, 16, 0, 0]
+  k = np.tile(np.float32([-12.5, 0, 0, 0]), (1, steps, 1, 1))
+  k[0, keys[0], 0], k[0, keys[1], 0] = [12.5, 0, 0, 0], [12.5, 0.03125, 0, 0]
+  v = np.full((1, steps, 1, 4), 0.5, np.float32)
+  v[0, keys[0], 0], v[0, keys[1], 0] = 0, 1
+  out = jax.jit(lambda q, k, v: sparse.sparse_attention(
+      q, k, v, pattern=pattern, block=block, causal=True, summary=summary))(
+          *(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)))
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(out, np.float32)[0, query, 0], 1 / (1 + np.exp(-0.25)),
+                             atol=4e-3)
+
+
 def test_bad_arguments_raise_before_compiling():
   x = jnp.zeros((1, 8, 1, 4))
   cases = [(dict(pattern='dilated', block=4), "pattern='dilated'; allowed: local, strided, fixed"),

@@ -137,6 +137,25 @@ def test_cached_greedy_decoding_equals_decoding_without_the_cache_and_the_whole_
   assert len(np.unique(tokens[:, 1:])) > 3  # not a degenerate constant decoding
 
 
+@pytest.mark.parametrize('positions', ['sinusoidal', 'rotary'])
+def test_a_cached_call_of_several_targets_moves_the_position_by_their_number(positions):
+  # The sampler reads one token per call; a caller may read a prefix in one. Three targets in
+  # the first cached call, then one per call: each call's logits are the teacher-forced pass's,
+  # which needs the position to move by 3 after the first call, not by 1: the decoder's counter
+  # for the sinusoidal table, the attention's cache index for rotary angles.
+  model = _model(tie_embeddings=False, pre_norm=True, positions=positions)
+  variables = {'params': _random_params(model)}
+  cache = model.init(jax.random.PRNGKey(0), TARGETS, SOURCE, LENGTHS, decode=True)['cache']
+  decoded = []
+  for start, stop in ((0, 3), (3, 4), (4, 5), (5, 6)):
+    logits, mutated = _apply(model, decode=True, mutable='cache')(
+        {**variables, 'cache': cache}, TARGETS[:, start:stop], SOURCE, LENGTHS)
+    cache = mutated['cache']
+    decoded.append(logits)
+  full = _apply(model)(variables, TARGETS, SOURCE, LENGTHS)
+  np.testing.assert_allclose(np.concatenate(decoded, axis=1), full, atol=1e-5)
+
+
 @pytest.mark.parametrize('use_cache', [True, False])
 def test_decoding_reads_no_more_positions_than_it_predicts_from(use_cache):
   # L = 1 + 7 tokens are decoded from positions 0 … 6 only; the cache was sized, and the
