@@ -125,6 +125,7 @@ def freed(parts):
 def main(argv):
   del argv
   xla_cpu.keep_convolutions_off_ynnpack()
+  xla_cpu.keep_freed_host_memory()
   print(f'XLA_FLAGS: {os.environ["XLA_FLAGS"]}')
   logging.set_verbosity(logging.WARNING)
   unused = [f'--{name}' for name in IGNORED_FLAGS if flags.FLAGS[name].present]

@@ -129,6 +129,7 @@ def gflops_per_second(flops: float, ms: float) -> float:
 def main(argv):
   del argv
   xla_cpu.keep_convolutions_off_ynnpack()
+  xla_cpu.keep_freed_host_memory()
   print(f'XLA_FLAGS: {os.environ["XLA_FLAGS"]}')
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value

@@ -114,11 +114,13 @@ def measure_step(config, steps: int) -> dict:
     for _ in range(3):  # compile and warm up
       state, metrics = train_step(state, batch)
     jax.block_until_ready((state, metrics))
+    faults = page_faults()
     start = time.perf_counter()
     for _ in range(steps):
       state, metrics = train_step(state, batch)
     jax.block_until_ready((state, metrics))
     step_seconds = (time.perf_counter() - start) / steps
+    faults_per_step = None if faults is None else (page_faults() - faults) / steps
 
     start = time.perf_counter()
     for _ in range(_PIPELINE_BATCHES.value):
@@ -129,7 +131,7 @@ def measure_step(config, steps: int) -> dict:
   alone = hlo_dots.products_alone_seconds(products) if _PRODUCTS_ALONE.value and products else None
   by_kind = products_by_kind(products) if _BY_KIND.value else []
   return {'step_seconds': step_seconds, 'flops': flops, 'loops_left': loops_left,
-          'batch_seconds': batch_seconds,
+          'batch_seconds': batch_seconds, 'page_faults_per_step': faults_per_step,
           'mode': par.mode, 'devices': par.num_devices, 'products': products,
           'products_seconds': alone, 'by_kind': by_kind}
 
@@ -199,6 +201,17 @@ def one_device_step(run, state, host_batch):
     step = functools.partial(step, model=run.model.clone(batch_norm_axis_name=None))
   return jax.jit(step).lower(jax.device_put(jax.device_get(state), device),
                              jax.device_put(host_batch, device)).compile()
+
+
+def page_faults() -> int | None:
+  """The process's page faults so far (minor ones, served without reading a disk), or None
+  where the OS does not count them: each maps in a page of fresh memory, which a step that
+  reuses its buffers does not need (train/xla_cpu.py)."""
+  try:
+    import resource  # pylint: disable=g-import-not-at-top
+  except ImportError:  # not a Unix
+    return None
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def compiled_flops(compiled) -> float:
@@ -350,7 +363,10 @@ def _set(config, field: str, value) -> None:
 def main(argv):
   del argv
   xla_cpu.keep_convolutions_off_ynnpack()
+  kept = xla_cpu.keep_freed_host_memory()
   print(f'XLA_FLAGS: {os.environ["XLA_FLAGS"]}')
+  print('malloc: ' + ('freed memory kept for reuse (train/xla_cpu.py)' if kept
+                       else "the C library's and the environment's settings"))
   logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   settings = _settings(config)  # every --dtypes and --sweep value checked before any timing
@@ -366,8 +382,10 @@ def main(argv):
     print(f'config: {config.data.name} / {config.model.name} ({label}), mode={r["mode"]}, '
           f'devices={r["devices"]}, global batch {batch_size}')
     tokens = f', {f["tokens_per_second"]:.0f} tokens/s' if window else ''
+    faults = r.get('page_faults_per_step')
+    faults = '' if faults is None else f'; {faults:.0f} page faults per step'
     print(f'  train step: {f["steps_per_second"]:.2f} steps/s, '
-          f'{f["examples_per_second"]:.0f} examples/s{tokens}')
+          f'{f["examples_per_second"]:.0f} examples/s{tokens}{faults}')
     loops = ''.join(f', {loop}' for loop in loops_counted_once(config))
     print(f'  step FLOPs (XLA cost analysis{loops}): {r["flops"]:.4g}')
     if r['loops_left']:

@@ -50,7 +50,8 @@ def main(argv):
         lambda record: f'{os.sep}orbax{os.sep}' not in record.pathname)
   # Imported after flag parsing so that `--help` and flag errors stay fast.
   from train import xla_cpu  # pylint: disable=g-import-not-at-top
-  xla_cpu.keep_convolutions_off_ynnpack()  # before JAX starts (see train/xla_cpu.py)
+  xla_cpu.keep_convolutions_off_ynnpack()  # both before JAX starts (see train/xla_cpu.py)
+  xla_cpu.keep_freed_host_memory()
   from train import distributed  # pylint: disable=g-import-not-at-top
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,

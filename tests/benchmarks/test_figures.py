@@ -10,6 +10,7 @@ import pytest
 
 from tests.subprocess_util import REPO_ROOT
 from tests.subprocess_util import run_python
+from train import xla_cpu
 
 
 def test_train_step_figures_are_the_rates_of_the_measured_times():
@@ -243,20 +244,24 @@ def test_train_step_prints_each_settings_figures_and_the_step_time_ratios():
         if config.model.dtype == 'float32':
           return {'step_seconds': 0.25, 'flops': 5e10, 'loops_left': 0, 'batch_seconds': 0.01,
                   'mode': 'jit', 'devices': 1, 'products': products, 'products_seconds': 0.1,
-                  'by_kind': []}
+                  'by_kind': [], 'page_faults_per_step': 12.4}
         return {'step_seconds': 0.125, 'flops': 5e10, 'loops_left': 1, 'batch_seconds': 0.01,
                 'mode': 'jit', 'devices': 1, 'products': [], 'products_seconds': None,
-                'by_kind': []}
+                'by_kind': [], 'page_faults_per_step': None}
       train_step.measure_step = measure_step
       printed = io.StringIO()
       with contextlib.redirect_stdout(printed):
         train_step.main([])
       print(json.dumps(printed.getvalue().splitlines()))
       ''')
+  # Page faults are counted for float32's step only (None: not counted).
+  malloc = ('malloc: freed memory kept for reuse (train/xla_cpu.py)'
+            if xla_cpu._is_glibc() else "malloc: the C library's and the environment's settings")
   assert result[1:] == [
+      malloc,
       'matmul peak (float32, 2048x2048): 400.00 GFLOP/s',
       'config: digits / mlp (float32), mode=jit, devices=1, global batch 64',
-      '  train step: 4.00 steps/s, 256 examples/s, 4096 tokens/s',
+      '  train step: 4.00 steps/s, 256 examples/s, 4096 tokens/s; 12 page faults per step',
       '  step FLOPs (XLA cost analysis, micro-batches as one batch): 5e+10',
       '  achieved: 200.000 GFLOP/s = 50.00% of the float32 matmul peak',
       '  its 3 matrix products alone (a loop body\'s once): 3e+09 FLOP (6.0% of the step\'s) in '

@@ -169,8 +169,9 @@ def test_the_script_traces_its_steps_and_rates_the_products_read_from_the_compil
           lock=types.SimpleNamespace(release=lambda: None),
           train_iterator=lambda: iter([jnp.full(({n}, {n}), 0.01)]))
       profile_step.runs = types.SimpleNamespace(setup=lambda c, w: run)
-      # XLA's flags are this process's, its backend already started.
-      profile_step.xla_cpu = types.SimpleNamespace(keep_convolutions_off_ynnpack=lambda: None)
+      # XLA's flags and malloc's settings are this process's, its backend already started.
+      profile_step.xla_cpu = types.SimpleNamespace(keep_convolutions_off_ynnpack=lambda: None,
+                                                   keep_freed_host_memory=lambda: None)
       printed = {{}}
       for top in (1, 100):
         flags.FLAGS(['profile_step.py', '--config=experiments/configs/digits_mlp.py',

@@ -1,5 +1,7 @@
 """benchmarks/train_step.py counts the FLOPs of one whole global step in every parallel mode."""
 
+import resource
+
 from tests.subprocess_util import run_python
 
 
@@ -220,7 +222,7 @@ def test_step_flops_of_a_batch_norm_model_under_shard_map_and_pmap(data_dir, tmp
 def test_measure_step_divides_the_timed_steps_and_batches_by_their_counts(data_dir, tmp_path):
   # A small MLP's step timed on a made-up clock: 3 steps in 6 s, then 4 input batches in 2 s.
   result = run_python(f'''
-      import json, types
+      import json, mmap, types
       from absl import flags
       from benchmarks import train_step
       flags.FLAGS(['train_step.py', '--config=experiments/configs/digits_mlp.py',
@@ -231,6 +233,13 @@ def test_measure_step_divides_the_timed_steps_and_batches_by_their_counts(data_d
       config.model.update({{'features': (16, 10), 'dropout_rate': 0.0}})
       ticks = iter([0.0, 6.0, 10.0, 12.0])
       train_step.time = types.SimpleNamespace(perf_counter=lambda: next(ticks))
+      fresh_memory = mmap.mmap(-1, 2**26)  # 64 MB, mapped in page by page as it is written
+      fresh = train_step.page_faults()
+      for i in range(0, 2**26, mmap.PAGESIZE):
+        fresh_memory[i] = 1
+      fresh = train_step.page_faults() - fresh
+      faults = iter([100, 160])  # the process's page faults before and after the timed steps
+      train_step.page_faults = lambda: next(faults)
       counts = {{'steps': 0, 'batches': 0}}
       setup = train_step.runs.setup
       def counting_setup(config, workdir):  # counts the compiled step's calls and the batches
@@ -248,11 +257,16 @@ def test_measure_step_divides_the_timed_steps_and_batches_by_their_counts(data_d
       train_step.runs.setup = counting_setup
       measured = train_step.measure_step(config, steps=3)
       print(json.dumps({{'counts': counts, 'products': [p.flops for p in measured['products']],
+                        'fresh': fresh, 'page_faults_per_step': measured['page_faults_per_step'],
                         **{{k: measured[k] for k in ('step_seconds', 'batch_seconds', 'flops',
                                                    'loops_left', 'products_seconds', 'by_kind',
                                                    'mode', 'devices')}}}}))
       ''')
   assert result['step_seconds'] == 2 and result['batch_seconds'] == 0.5
+  # 60 page faults over the 3 timed steps; writing 64 MB of fresh memory took a fault for each
+  # of its 16,384 pages.
+  assert result['page_faults_per_step'] == 20
+  assert result['fresh'] >= 64 * 2**20 // resource.getpagesize()
   # 3 warm-up and 3 timed steps; the batch stepped on, then the 4 timed ones.
   assert result['counts'] == {'steps': 6, 'batches': 5}
   # Batch 16 through 64 -> 16 -> 10: each layer's product forward and for its weights'

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tests.subprocess_util import REPO_ROOT
+from train import xla_cpu
 
 _DIGITS = 'experiments/configs/digits_mlp.py'
 
@@ -298,6 +299,7 @@ def test_deeply_nested_tokenizer_file(tmp_path):
 
 # Runs experiments/main.py with train.distributed and train.loop replaced by fakes that write
 # what main passed them to $CALLS, and that end as $OUTCOME says: nothing is trained or joined.
+# The call that keeps freed host memory is recorded with what it returned.
 _FAKE_TRAIN = r'''
 import json, os, runpy, sys, types
 import train
@@ -344,6 +346,10 @@ def setup(config, workdir, **kwargs):
   return Run()
 
 loop.Stopped, loop.setup = Stopped, setup
+from train import xla_cpu
+keep_freed_host_memory = xla_cpu.keep_freed_host_memory
+xla_cpu.keep_freed_host_memory = lambda: record('keep_freed_host_memory',
+                                                keep_freed_host_memory())
 for name, module in (('distributed', distributed), ('loop', loop)):
   sys.modules[f'train.{name}'] = module
   setattr(train, name, module)
@@ -369,16 +375,20 @@ def test_multi_process_flags_overrides_and_workdir_reach_start_up_and_setup(tmp_
       '--config.seed=11', '--config.model.features=(8, 10)', '--allow_config_change')
   assert code == 0, err[-2000:]
   assert calls == [
+      ['keep_freed_host_memory', xla_cpu._is_glibc()],  # pylint: disable=protected-access
       ['initialize', ['10.0.0.7:1234', 4, 3], {'mode': 'manual'}],
       ['setup', [11, 'mlp', [8, 10]], str(tmp_path / 'w'), {'allow_config_change': True}]]
   assert out.splitlines()[-1] == 'final eval: accuracy=0.2500 loss=0.5000'
 
 
 def test_the_coordinator_defaults_to_its_variable_and_config_change_to_refused(tmp_path):
+  # A person's own malloc setting is kept: the call changes nothing and says so.
   code, _, err, calls = _faked_main(tmp_path, f'--config={_DIGITS}', f'--workdir={tmp_path}',
-                                    env={'JAX_COORDINATOR_ADDRESS': '10.0.0.9:99'})
+                                    env={'JAX_COORDINATOR_ADDRESS': '10.0.0.9:99',
+                                         'MALLOC_ARENA_MAX': '4'})
   assert code == 0, err[-2000:]
-  assert calls == [['initialize', ['10.0.0.9:99', None, None], {'mode': 'auto'}],
+  assert calls == [['keep_freed_host_memory', False],
+                   ['initialize', ['10.0.0.9:99', None, None], {'mode': 'auto'}],
                    ['setup', [0, 'mlp', [256, 256, 10]], str(tmp_path),
                     {'allow_config_change': False}]]  # digits_mlp.py as it is
 
