@@ -24,12 +24,13 @@ own arena (64 MB), with a fresh `mmap`, and returns it with `munmap` when it is 
 kernel then maps in and zero-fills every page of it again at the next step. The character
 GPT's train step (4 layers of width 256, batch 16 × 128 tokens) took 67,000 page faults
 per step that way, about 260 MB, and spent a third of a core in the kernel; its step took
-355–380 ms. `keep_freed_host_memory` sets glibc's `mallopt` so that every thread allocates
+348–382 ms. `keep_freed_host_memory` sets glibc's `mallopt` so that every thread allocates
 from the one main heap (M_ARENA_MAX 1), no block is mapped on its own (M_MMAP_MAX 0) and
 freed memory at the heap's top is kept up to 2 GB (M_TRIM_THRESHOLD): after the first steps
 the buffer is the same memory each step, with no page faults, and the same step took
-292–305 ms (README, Benchmarks). The cost: the process keeps the memory it has freed (its
-resident size stays at its peak), and threads that allocate at once take turns on one heap.
+292–315 ms (README, Benchmarks). The cost: the process keeps the memory it has freed (the
+GPT's resident size grew from 0.85 GB at its first step to 1.6 GB at step 43, and stayed), and threads that
+allocate at once take turns on one heap.
 The setting acts on the process's C library, so it holds for whatever runs later; it must
 come before JAX starts its backend and its threads, or it refuses in one sentence. It
 changes nothing, and returns False, where the C library is not glibc, or where the
