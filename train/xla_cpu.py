@@ -29,11 +29,11 @@ from the one main heap (M_ARENA_MAX 1), no block is mapped on its own (M_MMAP_MA
 freed memory at the heap's top is kept up to 2 GB (M_TRIM_THRESHOLD): after the first steps
 the buffer is the same memory each step, with no page faults, and the same step took
 292–315 ms (README, Benchmarks). The cost: the process keeps the memory it has freed (the
-GPT's resident size grew from 0.85 GB at its first step to 1.6 GB at step 43, and stayed), and threads that
-allocate at once take turns on one heap.
-The setting acts on the process's C library, so it holds for whatever runs later; it must
-come before JAX starts its backend and its threads, or it refuses in one sentence. It
-changes nothing, and returns False, where the C library is not glibc, or where the
+GPT's resident size grew from 0.85 GB at its first step to 1.6 GB at step 43, and stayed),
+and threads that allocate at once take turns on one heap. The setting acts on the process's
+C library, so it holds for whatever runs later; it must come before JAX starts its backend
+and its threads, or it refuses in one sentence (a second call changes nothing and is no
+error). It changes nothing, and returns False, where the C library is not glibc, or where the
 environment already sets `malloc`'s options (MALLOC_ARENA_MAX, MALLOC_MMAP_MAX_,
 MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, or `glibc.malloc.` in
 GLIBC_TUNABLES): a person's own choice wins, so `MALLOC_ARENA_MAX=8` (say) keeps glibc's
@@ -82,6 +82,7 @@ M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
 KEPT_FREE_BYTES = 2**31 - 1  # mallopt takes an int: 2 GB
 MALLOC_ENVIRONMENT = ('MALLOC_ARENA_MAX', 'MALLOC_MMAP_MAX_', 'MALLOC_MMAP_THRESHOLD_',
                       'MALLOC_TRIM_THRESHOLD_', 'MALLOC_TOP_PAD_')
+_kept_freed_memory = False  # set once this process's malloc keeps freed memory
 
 
 def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> bool:
@@ -90,7 +91,8 @@ def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> bool:
   Returns whether it changed malloc's settings: False where the C library is not glibc or
   `environ` sets malloc's options. Raises RuntimeError if JAX has already started a backend.
   """
-  if not _is_glibc() or _sets_malloc_options(environ):
+  global _kept_freed_memory
+  if _kept_freed_memory or not _is_glibc() or _sets_malloc_options(environ):
     return False
   if _backends_started():
     raise RuntimeError(
@@ -101,6 +103,7 @@ def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> bool:
                            (M_TRIM_THRESHOLD, KEPT_FREE_BYTES)):
     if mallopt(parameter, value) != 1:
       raise RuntimeError(f"glibc's mallopt refused parameter {parameter} = {value}.")
+  _kept_freed_memory = True
   return True
 
 

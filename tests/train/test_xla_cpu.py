@@ -153,11 +153,27 @@ def test_another_c_library_is_left_as_it_is(monkeypatch, confstr):
   assert not xla_cpu.keep_freed_host_memory({})
 
 
+def test_the_three_settings_are_made_once_and_a_second_call_changes_nothing(monkeypatch):
+  calls = []
+  monkeypatch.setattr(xla_cpu, '_kept_freed_memory', False)
+  monkeypatch.setattr(xla_cpu, '_is_glibc', lambda: True)
+  monkeypatch.setattr(xla_cpu, '_backends_started', lambda: False)
+  monkeypatch.setattr(xla_cpu.ctypes, 'CDLL', lambda name: types.SimpleNamespace(
+      mallopt=lambda parameter, value: calls.append((parameter, value)) or 1))
+  assert xla_cpu.keep_freed_host_memory({})
+  # M_ARENA_MAX 1, M_MMAP_MAX 0, M_TRIM_THRESHOLD 2³¹ − 1 (mallopt's int).
+  assert calls == [(-8, 1), (-4, 0), (-1, 2**31 - 1)]
+  monkeypatch.setattr(xla_cpu, '_backends_started', lambda: True)  # too late, but already set
+  assert not xla_cpu.keep_freed_host_memory({})
+  assert len(calls) == 3
+
+
 def test_a_refused_setting_is_one_sentence(monkeypatch):
   calls = []
   def mallopt(parameter, value):
     calls.append((parameter, value))
     return int(parameter != xla_cpu.M_MMAP_MAX)  # glibc returns 1 on success, 0 on error
+  monkeypatch.setattr(xla_cpu, '_kept_freed_memory', False)
   monkeypatch.setattr(xla_cpu, '_is_glibc', lambda: True)
   monkeypatch.setattr(xla_cpu, '_backends_started', lambda: False)
   monkeypatch.setattr(xla_cpu.ctypes, 'CDLL', lambda name: types.SimpleNamespace(mallopt=mallopt))
